@@ -1,0 +1,1 @@
+//! The embedded segmented file changelog (work in progress).

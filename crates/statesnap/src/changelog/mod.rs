@@ -1,0 +1,312 @@
+//! The changelog: the offset-addressed, compacted log of every write that a
+//! state store caches (design invariant 1: the changelog is the source of
+//! truth).
+//!
+//! [`Changelog`] is the small trait a backend implements; the embedded
+//! default is [`FileChangelog`](crate::changelog::file::FileChangelog).
+//! Offsets start at 0 and grow by one per record. `end_offset` is the offset
+//! the *next* appended record will get (Kafka's high watermark), so a log
+//! holding records `0..=9` has `end_offset() == 10`.
+
+pub mod file;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// One write: a key and its new value, or a tombstone (`value == None`).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Record {
+    /// The key.
+    pub key: Bytes,
+    /// The new value, or `None` for a delete.
+    pub value: Option<Bytes>,
+}
+
+impl Record {
+    /// A put.
+    pub fn put(key: impl Into<Bytes>, value: impl Into<Bytes>) -> Self {
+        Record { key: key.into(), value: Some(value.into()) }
+    }
+    /// A delete (tombstone).
+    pub fn delete(key: impl Into<Bytes>) -> Self {
+        Record { key: key.into(), value: None }
+    }
+    /// Whether this record is a tombstone.
+    pub fn is_tombstone(&self) -> bool {
+        self.value.is_none()
+    }
+}
+
+impl fmt::Debug for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Record")
+            .field("key", &crate::util::DebugBytes(&self.key))
+            .field("value", &self.value.as_deref().map(crate::util::DebugBytes))
+            .finish()
+    }
+}
+
+/// A record as stored in a changelog, with its offset and timestamp.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LoggedRecord {
+    /// Position in the log.
+    pub offset: u64,
+    /// Milliseconds since the Unix epoch at which the record was appended.
+    pub timestamp_ms: i64,
+    /// The key.
+    pub key: Bytes,
+    /// The value, or `None` for a tombstone.
+    pub value: Option<Bytes>,
+}
+
+impl LoggedRecord {
+    /// The record without its position.
+    pub fn into_record(self) -> Record {
+        Record { key: self.key, value: self.value }
+    }
+}
+
+impl fmt::Debug for LoggedRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoggedRecord")
+            .field("offset", &self.offset)
+            .field("timestamp_ms", &self.timestamp_ms)
+            .field("key", &crate::util::DebugBytes(&self.key))
+            .field("value", &self.value.as_deref().map(crate::util::DebugBytes))
+            .finish()
+    }
+}
+
+/// Which log a store follows: a topic and a partition, as in Kafka.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ChangelogId {
+    /// Topic name, `<application>-<store>-changelog` by convention.
+    pub topic: String,
+    /// Partition number.
+    pub partition: u32,
+}
+
+/// Longest topic name Kafka accepts.
+const MAX_TOPIC_LEN: usize = 249;
+
+impl ChangelogId {
+    /// A changelog id, validating the topic name with Kafka's rules
+    /// (1..=249 characters of `[A-Za-z0-9._-]`, not `.` or `..`).
+    pub fn new(topic: impl Into<String>, partition: u32) -> Result<Self> {
+        let topic = topic.into();
+        validate_topic(&topic)?;
+        Ok(ChangelogId { topic, partition })
+    }
+
+    /// The changelog of `store` in `application`, named like Kafka Streams
+    /// does: `<application>-<store>-changelog`.
+    pub fn for_store(application: &str, store: &str, partition: u32) -> Result<Self> {
+        ChangelogId::new(format!("{application}-{store}-changelog"), partition)
+    }
+}
+
+impl fmt::Display for ChangelogId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.topic, self.partition)
+    }
+}
+
+fn validate_topic(topic: &str) -> Result<()> {
+    if topic.is_empty() || topic.len() > MAX_TOPIC_LEN {
+        return Err(Error::config(format!(
+            "invalid changelog topic: length must be 1..={MAX_TOPIC_LEN} topic=`{}` length={}",
+            topic.escape_debug(),
+            topic.len()
+        )));
+    }
+    if topic == "." || topic == ".." {
+        return Err(Error::config(format!("invalid changelog topic: `{topic}` is reserved")));
+    }
+    if let Some(c) =
+        topic.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(Error::config(format!(
+            "invalid changelog topic: only [A-Za-z0-9._-] allowed topic=`{}` char=`{}`",
+            topic.escape_debug(),
+            c.escape_debug()
+        )));
+    }
+    Ok(())
+}
+
+/// Identifies one incarnation of a changelog. It changes when the log is
+/// deleted and recreated (a UUID for the file log, the topic id for Kafka), so
+/// a store or snapshot that followed an older incarnation is never replayed
+/// onto a new one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Lineage(pub String);
+
+impl fmt::Display for Lineage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How far back a changelog still holds everything replay needs
+/// (design invariant 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Horizon {
+    /// Tombstones at offsets below this may have been purged by compaction.
+    /// Replaying from an offset below it could miss a delete.
+    pub tombstones_before: u64,
+    /// Records at offsets below this were deleted outright (retention,
+    /// DeleteRecords), not merely compacted away: even a full replay from 0
+    /// cannot rebuild the state. 0 for a log that only ever compacts.
+    pub deleted_before: u64,
+}
+
+impl Horizon {
+    /// Whether a store or snapshot that has applied everything up to and
+    /// including `applied_offset` (`None`: nothing) can be brought up to date
+    /// exactly by replaying from `applied_offset + 1`.
+    pub fn can_resume_after(&self, applied_offset: Option<u64>) -> bool {
+        let next = applied_offset.map_or(0, |o| o.saturating_add(1));
+        if next == 0 {
+            // Full replay: compaction is harmless (every key's newest record
+            // survives, and a purged tombstone purged its key too); a deleted
+            // prefix is not.
+            return self.deleted_before == 0;
+        }
+        next >= self.tombstones_before && next >= self.deleted_before
+    }
+}
+
+/// Reads a changelog forward from an offset, in batches, up to the end offset
+/// seen when the reader was opened.
+pub trait ChangelogReader: Send {
+    /// The next batch of at most `max_records` records in offset order, or
+    /// `None` once the reader has reached [`ChangelogReader::end_offset`].
+    /// Offsets may have gaps where compaction removed records.
+    fn next_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>>;
+
+    /// The end offset (exclusive) this reader stops at.
+    fn end_offset(&self) -> u64;
+}
+
+/// An offset-addressed log of writes. Implementations must be safe to read
+/// from one thread while another appends.
+///
+/// A conformance suite every implementation should pass lives in
+/// `statesnap::conformance::changelog` (feature `conformance`).
+pub trait Changelog: Send + Sync {
+    /// Which topic and partition this is.
+    fn id(&self) -> &ChangelogId;
+
+    /// Appends `batch` in order and returns the offset of each record. The
+    /// call returns only once the records are as durable as the backend's
+    /// policy promises; on error nothing in the batch may be assumed written
+    /// (but some may have been — replay decides).
+    fn append(&self, batch: &[Record]) -> Result<Vec<u64>>;
+
+    /// Opens a reader that returns records with offsets in
+    /// `[max(from, start_offset), end)`, where `end` is the end offset at the
+    /// time of this call.
+    fn read_from(&self, from: u64) -> Result<Box<dyn ChangelogReader + '_>>;
+
+    /// The lowest offset the log may still hold.
+    fn start_offset(&self) -> Result<u64>;
+
+    /// The offset the next appended record will get.
+    fn end_offset(&self) -> Result<u64>;
+
+    /// The incarnation of this log.
+    fn lineage(&self) -> Result<Lineage>;
+
+    /// Up to where compaction or retention may have removed what replay needs.
+    fn horizon(&self) -> Result<Horizon>;
+
+    /// Makes every appended record durable now, whatever the sync policy.
+    fn flush(&self) -> Result<()>;
+}
+
+impl<C: Changelog + ?Sized> Changelog for Box<C> {
+    fn id(&self) -> &ChangelogId {
+        (**self).id()
+    }
+    fn append(&self, batch: &[Record]) -> Result<Vec<u64>> {
+        (**self).append(batch)
+    }
+    fn read_from(&self, from: u64) -> Result<Box<dyn ChangelogReader + '_>> {
+        (**self).read_from(from)
+    }
+    fn start_offset(&self) -> Result<u64> {
+        (**self).start_offset()
+    }
+    fn end_offset(&self) -> Result<u64> {
+        (**self).end_offset()
+    }
+    fn lineage(&self) -> Result<Lineage> {
+        (**self).lineage()
+    }
+    fn horizon(&self) -> Result<Horizon> {
+        (**self).horizon()
+    }
+    fn flush(&self) -> Result<()> {
+        (**self).flush()
+    }
+}
+
+impl<C: Changelog + ?Sized> Changelog for std::sync::Arc<C> {
+    fn id(&self) -> &ChangelogId {
+        (**self).id()
+    }
+    fn append(&self, batch: &[Record]) -> Result<Vec<u64>> {
+        (**self).append(batch)
+    }
+    fn read_from(&self, from: u64) -> Result<Box<dyn ChangelogReader + '_>> {
+        (**self).read_from(from)
+    }
+    fn start_offset(&self) -> Result<u64> {
+        (**self).start_offset()
+    }
+    fn end_offset(&self) -> Result<u64> {
+        (**self).end_offset()
+    }
+    fn lineage(&self) -> Result<Lineage> {
+        (**self).lineage()
+    }
+    fn horizon(&self) -> Result<Horizon> {
+        (**self).horizon()
+    }
+    fn flush(&self) -> Result<()> {
+        (**self).flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_follow_kafka_rules() {
+        let id = ChangelogId::for_store("app", "counts", 3).expect("valid");
+        assert_eq!(id.topic, "app-counts-changelog");
+        assert_eq!(id.to_string(), "app-counts-changelog/3");
+        for bad in ["", ".", "..", "a/b", "a b", "é", &"x".repeat(250)] {
+            let err = ChangelogId::new(bad, 0).expect_err(bad);
+            assert_eq!(err.kind(), crate::ErrorKind::Config, "{bad}");
+        }
+    }
+
+    #[test]
+    fn horizon_refuses_resume_below_tombstone_or_deleted_prefix() {
+        let h = Horizon { tombstones_before: 100, deleted_before: 0 };
+        assert!(h.can_resume_after(None), "full replay is exact under compaction");
+        assert!(!h.can_resume_after(Some(50)));
+        assert!(h.can_resume_after(Some(99)));
+        assert!(h.can_resume_after(Some(500)));
+        let d = Horizon { tombstones_before: 0, deleted_before: 10 };
+        assert!(!d.can_resume_after(None));
+        assert!(!d.can_resume_after(Some(5)));
+        assert!(d.can_resume_after(Some(9)));
+    }
+}

@@ -1,0 +1,13 @@
+//! statesnap: durable key-value state for stream processors that recovers fast.
+//!
+//! (The manual is written as the crate grows; see README.md.)
+
+#![deny(rustdoc::broken_intra_doc_links)]
+
+pub mod changelog;
+pub mod clock;
+pub mod error;
+pub mod store;
+mod util;
+
+pub use error::{Error, ErrorKind, Result};

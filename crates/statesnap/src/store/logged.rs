@@ -1,0 +1,1 @@
+//! LoggedStore (work in progress).

@@ -1,0 +1,1 @@
+//! MemoryStore (work in progress).

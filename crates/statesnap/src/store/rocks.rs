@@ -1,0 +1,1 @@
+//! RocksStore (work in progress).
