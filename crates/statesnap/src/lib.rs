@@ -6,7 +6,10 @@
 
 pub mod changelog;
 pub mod clock;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod error;
+pub mod restore;
 pub mod store;
 mod util;
 

@@ -1,1 +1,214 @@
-//! LoggedStore (work in progress).
+//! [`LoggedStore`]: a store kept in step with its changelog.
+//!
+//! Writes go to a pending batch that reads see immediately (read-your-writes).
+//! [`LoggedStore::commit`] appends the batch to the changelog **first** and
+//! only then applies it to the store, tagged with the batch's last offset
+//! (design invariant 1). A crash between the two leaves the store *behind* the
+//! changelog — replay catches it up — and never ahead of it.
+
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::iter::Peekable;
+use std::ops::Bound;
+
+use super::{KeyValue, KvIter, StateStore};
+use crate::changelog::{Changelog, Record};
+use crate::error::{Error, Result};
+use crate::restore::{ReplayOptions, ReplayProgress, ReplayReport, replay};
+
+/// A [`StateStore`] whose writes are logged to a [`Changelog`].
+#[derive(Debug)]
+pub struct LoggedStore<S, C> {
+    store: S,
+    changelog: C,
+    /// Pending writes, newest per key (`None` = delete), in key order.
+    pending: BTreeMap<Bytes, Option<Bytes>>,
+    /// Set when a batch reached the changelog but not the store.
+    behind: bool,
+}
+
+/// What a [`LoggedStore::commit`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitInfo {
+    /// Records appended (one per distinct key written since the last commit).
+    pub records: usize,
+    /// Changelog offset of the first record of the batch.
+    pub first_offset: u64,
+    /// Changelog offset of the last record, now the store's applied offset.
+    pub last_offset: u64,
+}
+
+impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
+    /// Wraps `store` and `changelog`. Fails (kind `stale`) if the store is
+    /// ahead of the changelog, which means it followed another log. The store
+    /// may be behind; call [`LoggedStore::catch_up`] before serving reads.
+    pub fn new(store: S, changelog: C) -> Result<Self> {
+        let applied = store.applied_offset()?;
+        let end = changelog.end_offset()?;
+        if let Some(a) = applied {
+            if a >= end {
+                return Err(Error::stale(format!(
+                    "store is ahead of its changelog changelog=`{}` applied_offset={a} end_offset={end}; \
+                     the changelog was recreated or truncated — delete the store and replay from scratch",
+                    changelog.id()
+                )));
+            }
+        }
+        Ok(LoggedStore { store, changelog, pending: BTreeMap::new(), behind: false })
+    }
+
+    /// Replays whatever the changelog holds beyond the store's applied offset.
+    pub fn catch_up(&mut self, options: &ReplayOptions) -> Result<ReplayReport> {
+        self.catch_up_with_progress(options, &mut |_| {})
+    }
+
+    /// [`LoggedStore::catch_up`] with a progress callback, called per batch.
+    pub fn catch_up_with_progress(
+        &mut self,
+        options: &ReplayOptions,
+        progress: &mut dyn FnMut(&ReplayProgress),
+    ) -> Result<ReplayReport> {
+        let report = replay(&mut self.store, &self.changelog, options, progress)?;
+        self.behind = false;
+        Ok(report)
+    }
+
+    /// Buffers a put.
+    pub fn put(&mut self, key: impl Into<Bytes>, value: impl Into<Bytes>) {
+        self.pending.insert(key.into(), Some(value.into()));
+    }
+
+    /// Buffers a delete.
+    pub fn delete(&mut self, key: impl Into<Bytes>) {
+        self.pending.insert(key.into(), None);
+    }
+
+    /// The value of `key`, seeing pending writes.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        match self.pending.get(key) {
+            Some(v) => Ok(v.clone()),
+            None => self.store.get(key),
+        }
+    }
+
+    /// Entries in `(start, end)` in key order, pending writes merged over the
+    /// store's contents.
+    pub fn range<'a>(&'a self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<KvIter<'a>> {
+        let base = self.store.range(start, end)?;
+        if self.pending.is_empty() || super::range_is_empty(start, end) {
+            return Ok(base);
+        }
+        let over = self.pending.range::<[u8], _>((start, end));
+        Ok(Box::new(MergeIter { base: base.peekable(), over: over.peekable() }))
+    }
+
+    /// Number of distinct keys written since the last commit.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Drops every pending write.
+    pub fn discard(&mut self) {
+        self.pending.clear();
+    }
+
+    /// Appends the pending writes to the changelog, then applies them to the
+    /// store with the batch's last offset. Returns `None` if nothing was
+    /// pending.
+    ///
+    /// If the append fails, nothing is applied and the writes stay pending, so
+    /// the commit can be retried (a retry may log some records twice, which is
+    /// harmless: replay is last-write-wins). If the append succeeds but the
+    /// store write fails, the writes are durable in the changelog; the store is
+    /// behind, and every later call fails until [`LoggedStore::catch_up`] has
+    /// run.
+    pub fn commit(&mut self) -> Result<Option<CommitInfo>> {
+        self.check_not_behind()?;
+        if self.pending.is_empty() {
+            return Ok(None);
+        }
+        let records: Vec<Record> = self
+            .pending
+            .iter()
+            .map(|(k, v)| Record { key: k.clone(), value: v.clone() })
+            .collect();
+        // Invariant 1: the changelog first.
+        let offsets = self.changelog.append(&records)?;
+        let (Some(&first_offset), Some(&last_offset)) = (offsets.first(), offsets.last()) else {
+            return Err(Error::internal(format!(
+                "changelog returned no offsets for a batch changelog=`{}` records={}",
+                self.changelog.id(),
+                records.len()
+            )));
+        };
+        self.pending.clear();
+        if let Err(e) = self.store.apply(&records, last_offset) {
+            self.behind = true;
+            return Err(e);
+        }
+        Ok(Some(CommitInfo { records: records.len(), first_offset, last_offset }))
+    }
+
+    fn check_not_behind(&self) -> Result<()> {
+        if self.behind {
+            return Err(Error::stale(format!(
+                "store missed a committed batch after a store write failed changelog=`{}`; call catch_up() first",
+                self.changelog.id()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The wrapped store (committed state only).
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The changelog.
+    pub fn changelog(&self) -> &C {
+        &self.changelog
+    }
+
+    /// Gives back the store and the changelog, dropping pending writes.
+    pub fn into_parts(self) -> (S, C) {
+        (self.store, self.changelog)
+    }
+}
+
+/// Merges pending writes (which win, and may delete) over store entries.
+struct MergeIter<'a, B: Iterator<Item = Result<KeyValue>>> {
+    base: Peekable<B>,
+    over: Peekable<std::collections::btree_map::Range<'a, Bytes, Option<Bytes>>>,
+}
+
+impl<B: Iterator<Item = Result<KeyValue>>> Iterator for MergeIter<'_, B> {
+    type Item = Result<KeyValue>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let take_over = match (self.base.peek(), self.over.peek()) {
+                (None, None) => return None,
+                (Some(Err(_)), _) => return self.base.next(),
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (Some(Ok((bk, _))), Some((ok, _))) => {
+                    if bk == *ok {
+                        // Shadowed by a pending write.
+                        self.base.next();
+                        true
+                    } else {
+                        *ok < bk
+                    }
+                }
+            };
+            if take_over {
+                let (k, v) = self.over.next()?;
+                match v {
+                    Some(v) => return Some(Ok((k.clone(), v.clone()))),
+                    None => continue, // pending delete
+                }
+            }
+            return self.base.next();
+        }
+    }
+}
