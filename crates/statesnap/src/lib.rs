@@ -6,6 +6,8 @@
 
 pub mod changelog;
 pub mod clock;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod error;
 pub mod store;
 mod util;
