@@ -52,8 +52,15 @@ pub mod changelog {
         let mut reader = log.read_from(from).expect("read_from");
         let mut out = Vec::new();
         while let Some(b) = reader.next_batch(batch).expect("next_batch") {
-            assert!(!b.is_empty(), "next_batch returned Some(empty) instead of None at the end");
-            assert!(b.len() <= batch, "next_batch returned {} > max_records {batch}", b.len());
+            assert!(
+                !b.is_empty(),
+                "next_batch returned Some(empty) instead of None at the end"
+            );
+            assert!(
+                b.len() <= batch,
+                "next_batch returned {} > max_records {batch}",
+                b.len()
+            );
             out.extend(b);
         }
         out
@@ -82,18 +89,32 @@ pub mod changelog {
 
     /// A fresh log has start = end = 0 and nothing to read.
     pub fn empty_log_has_no_offsets(log: &dyn Changelog) {
-        assert_eq!(log.start_offset().expect("start_offset"), 0, "start offset of an empty log");
-        assert_eq!(log.end_offset().expect("end_offset"), 0, "end offset of an empty log");
+        assert_eq!(
+            log.start_offset().expect("start_offset"),
+            0,
+            "start offset of an empty log"
+        );
+        assert_eq!(
+            log.end_offset().expect("end_offset"),
+            0,
+            "end offset of an empty log"
+        );
         let mut r = log.read_from(0).expect("read_from");
         assert_eq!(r.end_offset(), 0);
-        assert!(r.next_batch(10).expect("next_batch").is_none(), "empty log returned records");
+        assert!(
+            r.next_batch(10).expect("next_batch").is_none(),
+            "empty log returned records"
+        );
     }
 
     /// Appends return consecutive offsets across batches; end follows.
     pub fn append_returns_consecutive_offsets(log: &dyn Changelog) {
         assert_eq!(log.append(&sample(3, "a")).expect("append"), vec![0, 1, 2]);
         assert_eq!(log.append(&sample(1, "b")).expect("append"), vec![3]);
-        assert_eq!(log.append(&sample(4, "c")).expect("append"), vec![4, 5, 6, 7]);
+        assert_eq!(
+            log.append(&sample(4, "c")).expect("append"),
+            vec![4, 5, 6, 7]
+        );
         assert_eq!(log.end_offset().expect("end_offset"), 8);
         assert_eq!(log.start_offset().expect("start_offset"), 0);
     }
@@ -107,8 +128,15 @@ pub mod changelog {
         log.append(&want[10..]).expect("append");
         let got = read_all(log, 0, 1000);
         assert_same(&got, &want, 0);
-        assert!(got.iter().any(|r| r.value.is_none()), "tombstones must be read back");
-        assert_eq!(got[20].value.as_deref(), Some(&b""[..]), "an empty value is not a tombstone");
+        assert!(
+            got.iter().any(|r| r.value.is_none()),
+            "tombstones must be read back"
+        );
+        assert_eq!(
+            got[20].value.as_deref(),
+            Some(&b""[..]),
+            "an empty value is not a tombstone"
+        );
     }
 
     /// Reading from a middle offset starts exactly there.
@@ -126,7 +154,10 @@ pub mod changelog {
         log.append(&sample(5, "e")).expect("append");
         for from in [5u64, 6, 1_000_000, u64::MAX] {
             let mut r = log.read_from(from).expect("read_from");
-            assert!(r.next_batch(10).expect("next_batch").is_none(), "records from {from}");
+            assert!(
+                r.next_batch(10).expect("next_batch").is_none(),
+                "records from {from}"
+            );
         }
     }
 
@@ -138,11 +169,18 @@ pub mod changelog {
         log.append(&sample(10, "later")).expect("append");
         let mut n = 0;
         while let Some(b) = r.next_batch(3).expect("next_batch") {
-            assert!(b.iter().all(|x| x.offset < 10), "reader went past its end: {b:?}");
+            assert!(
+                b.iter().all(|x| x.offset < 10),
+                "reader went past its end: {b:?}"
+            );
             n += b.len();
         }
         assert_eq!(n, 10, "records before the reader's end");
-        assert_eq!(read_all(log, 0, 100).len(), 20, "a new reader sees the later appends");
+        assert_eq!(
+            read_all(log, 0, 100).len(),
+            20,
+            "a new reader sees the later appends"
+        );
     }
 
     /// `next_batch(n)` never returns more than `n` records, and returns all.
@@ -153,7 +191,11 @@ pub mod changelog {
             let mut r = log.read_from(0).expect("read_from");
             let mut got = Vec::new();
             while let Some(b) = r.next_batch(max).expect("next_batch") {
-                assert!(!b.is_empty() && b.len() <= max, "batch of {} for max {max}", b.len());
+                assert!(
+                    !b.is_empty() && b.len() <= max,
+                    "batch of {} for max {max}",
+                    b.len()
+                );
                 got.extend(b);
             }
             assert_same(&got, &want, 0);
@@ -223,8 +265,9 @@ pub mod changelog {
         std::thread::scope(|s| {
             let writer = s.spawn(|| {
                 for b in 0..BATCHES {
-                    let batch: Vec<Record> =
-                        (b * PER_BATCH..(b + 1) * PER_BATCH).map(concurrent_record).collect();
+                    let batch: Vec<Record> = (b * PER_BATCH..(b + 1) * PER_BATCH)
+                        .map(concurrent_record)
+                        .collect();
                     let offsets = log.append(&batch).expect("append");
                     let want: Vec<u64> = (b * PER_BATCH..(b + 1) * PER_BATCH).collect();
                     assert_eq!(offsets, want);
@@ -271,8 +314,16 @@ pub mod changelog {
             log.lineage().expect("lineage")
         };
         let log = open();
-        assert_eq!(log.lineage().expect("lineage"), lineage, "lineage after reopen");
-        assert_eq!(log.end_offset().expect("end_offset"), 30, "end offset after reopen");
+        assert_eq!(
+            log.lineage().expect("lineage"),
+            lineage,
+            "lineage after reopen"
+        );
+        assert_eq!(
+            log.end_offset().expect("end_offset"),
+            30,
+            "end offset after reopen"
+        );
         assert_same(&read_all(&log, 0, 8), &want, 0);
         assert_eq!(log.append(&sample(1, "after")).expect("append"), vec![30]);
     }

@@ -50,7 +50,10 @@ fn conformance_interval_fsync() {
 fn conformance_reopen() {
     for segment_bytes in [64 * 1024 * 1024, 300] {
         let dir = tempfile::tempdir().unwrap();
-        let options = FileChangelogOptions { segment_bytes, ..FileChangelogOptions::default() };
+        let options = FileChangelogOptions {
+            segment_bytes,
+            ..FileChangelogOptions::default()
+        };
         suite::reopen_keeps_records_and_lineage(&mut || {
             FileChangelog::open(dir.path(), id(), options.clone()).unwrap()
         });

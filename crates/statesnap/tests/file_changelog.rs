@@ -29,7 +29,11 @@ fn id() -> ChangelogId {
 }
 
 fn opts(segment_bytes: u64) -> FileChangelogOptions {
-    FileChangelogOptions { segment_bytes, fsync: FsyncPolicy::Never, ..Default::default() }
+    FileChangelogOptions {
+        segment_bytes,
+        fsync: FsyncPolicy::Never,
+        ..Default::default()
+    }
 }
 
 fn open(dir: &Path, segment_bytes: u64) -> statesnap::Result<FileChangelog> {
@@ -52,7 +56,13 @@ fn check_records(got: &[LoggedRecord], range: std::ops::Range<u64>) {
     let offsets: Vec<u64> = got.iter().map(|r| r.offset).collect();
     assert_eq!(offsets, range.clone().collect::<Vec<_>>());
     for r in got {
-        assert_eq!(Record { key: r.key.clone(), value: r.value.clone() }, rec(r.offset));
+        assert_eq!(
+            Record {
+                key: r.key.clone(),
+                value: r.value.clone()
+            },
+            rec(r.offset)
+        );
     }
 }
 
@@ -78,11 +88,17 @@ fn reopen_persists_records_lineage_and_offsets() {
     let lineage = {
         let log = open(dir.path(), 10 * REC_LEN).unwrap();
         fill(&log, 95);
-        assert!(log.segment_paths().unwrap().len() > 5, "rolled into several segments");
+        assert!(
+            log.segment_paths().unwrap().len() > 5,
+            "rolled into several segments"
+        );
         log.lineage().unwrap()
     };
     let log = open(dir.path(), 10 * REC_LEN).unwrap();
-    assert!(log.recovery_report().is_none(), "a clean log needs no recovery");
+    assert!(
+        log.recovery_report().is_none(),
+        "a clean log needs no recovery"
+    );
     assert_eq!(log.lineage().unwrap(), lineage);
     assert_eq!(log.end_offset().unwrap(), 95);
     check_records(&read_all(&log, 0, 7), 0..95);
@@ -90,14 +106,21 @@ fn reopen_persists_records_lineage_and_offsets() {
 
     let other = tempfile::tempdir().unwrap();
     let fresh = open(other.path(), 10 * REC_LEN).unwrap();
-    assert_ne!(fresh.lineage().unwrap(), lineage, "a new log gets a new lineage");
+    assert_ne!(
+        fresh.lineage().unwrap(),
+        lineage,
+        "a new log gets a new lineage"
+    );
 }
 
 #[test]
 fn opening_with_another_topic_or_partition_is_a_config_error() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path(), 1 << 20).unwrap());
-    for other in [ChangelogId::new("other-changelog", 0).unwrap(), ChangelogId::new("app-store-changelog", 1).unwrap()] {
+    for other in [
+        ChangelogId::new("other-changelog", 0).unwrap(),
+        ChangelogId::new("app-store-changelog", 1).unwrap(),
+    ] {
         let err = FileChangelog::open(dir.path(), other, opts(1 << 20)).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
         assert!(err.message().contains("app-store-changelog/0"), "{err}");
@@ -109,18 +132,26 @@ fn unknown_metadata_version_is_a_config_error_naming_both_versions() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path(), 1 << 20).unwrap());
     let meta = dir.path().join("changelog.json");
-    let text = fs::read_to_string(&meta).unwrap().replace("\"format_version\": 1", "\"format_version\": 7");
+    let text = fs::read_to_string(&meta)
+        .unwrap()
+        .replace("\"format_version\": 1", "\"format_version\": 7");
     fs::write(&meta, text).unwrap();
     let err = open(dir.path(), 1 << 20).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
-    assert!(err.message().contains("found=`7`") && err.message().contains("supported=`1`"), "{err}");
+    assert!(
+        err.message().contains("found=`7`") && err.message().contains("supported=`1`"),
+        "{err}"
+    );
 }
 
 #[test]
 fn missing_dir_without_create_is_not_found_and_lock_excludes_a_second_handle() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nope");
-    let o = FileChangelogOptions { create_if_missing: false, ..opts(1 << 20) };
+    let o = FileChangelogOptions {
+        create_if_missing: false,
+        ..opts(1 << 20)
+    };
     let err = FileChangelog::open(&path, id(), o).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     assert!(!path.exists());
@@ -136,12 +167,18 @@ fn missing_dir_without_create_is_not_found_and_lock_excludes_a_second_handle() {
 fn timestamps_come_from_the_injected_clock() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_000);
-    let o = FileChangelogOptions { clock: Arc::new(clock.clone()), ..opts(1 << 20) };
+    let o = FileChangelogOptions {
+        clock: Arc::new(clock.clone()),
+        ..opts(1 << 20)
+    };
     let log = FileChangelog::open(dir.path(), id(), o).unwrap();
     log.append(&[rec(0)]).unwrap();
     clock.advance_ms(500);
     log.append(&[rec(1), rec(2)]).unwrap();
-    let ts: Vec<i64> = read_all(&log, 0, 10).iter().map(|r| r.timestamp_ms).collect();
+    let ts: Vec<i64> = read_all(&log, 0, 10)
+        .iter()
+        .map(|r| r.timestamp_ms)
+        .collect();
     assert_eq!(ts, vec![1_000, 1_500, 1_500]);
 }
 
@@ -167,10 +204,17 @@ fn segments_roll_by_size_and_are_named_by_base_offset() {
         ]
     );
     // A record larger than the segment size gets a segment of its own.
-    let big = fs::metadata(dir.path().join("00000000000000000010.log")).unwrap().len();
+    let big = fs::metadata(dir.path().join("00000000000000000010.log"))
+        .unwrap()
+        .len();
     assert_eq!(big, HEADER + FRAME + 3 + 1000);
     for p in &log_files(dir.path())[..2] {
-        assert_eq!(fs::metadata(p).unwrap().len(), HEADER + 4 * REC_LEN, "{}", p.display());
+        assert_eq!(
+            fs::metadata(p).unwrap().len(),
+            HEADER + 4 * REC_LEN,
+            "{}",
+            p.display()
+        );
     }
     assert_eq!(log.segment_paths().unwrap(), log_files(dir.path()));
 }
@@ -186,7 +230,12 @@ fn truncated_last_record_is_cut_reported_and_appends_continue() {
     let last = log_files(dir.path()).pop().unwrap();
     assert!(last.ends_with("00000000000000000020.log"));
     let len = fs::metadata(&last).unwrap().len();
-    OpenOptions::new().write(true).open(&last).unwrap().set_len(len - 7).unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .unwrap()
+        .set_len(len - 7)
+        .unwrap();
 
     let log = open(dir.path(), HEADER + 10 * REC_LEN).unwrap();
     let rep = log.recovery_report().expect("recovery report").clone();
@@ -232,8 +281,15 @@ fn garbage_after_valid_records_is_cut_and_reported() {
         log
     });
     let seg = log_files(dir.path()).pop().unwrap();
-    let garbage: Vec<u8> = (0..777u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-    OpenOptions::new().append(true).open(&seg).unwrap().write_all(&garbage).unwrap();
+    let garbage: Vec<u8> = (0..777u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    OpenOptions::new()
+        .append(true)
+        .open(&seg)
+        .unwrap()
+        .write_all(&garbage)
+        .unwrap();
     let log = open(dir.path(), 1 << 20).unwrap();
     let rep = log.recovery_report().expect("recovery report");
     assert_eq!(rep.bytes_truncated, 777);
@@ -255,7 +311,10 @@ fn torn_header_of_a_new_last_segment_is_rewritten() {
     let header = fs::read(dir.path().join("00000000000000000005.log")).unwrap();
     fs::write(&torn, &header[..13]).unwrap();
     let log = open(dir.path(), HEADER + 5 * REC_LEN).unwrap();
-    assert_eq!(log.recovery_report().unwrap().reason, "truncated segment header");
+    assert_eq!(
+        log.recovery_report().unwrap().reason,
+        "truncated segment header"
+    );
     assert_eq!(log.append(&[rec(10)]).unwrap(), vec![10]);
     check_records(&read_all(&log, 0, 100), 0..11);
 }
@@ -286,7 +345,10 @@ fn bad_record_followed_by_valid_ones_in_the_last_segment_is_corrupt_not_torn() {
     flip_byte(&seg, pos);
     let err = open(dir.path(), 1 << 20).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(err.message().contains(&format!("file_offset=`{pos}`")), "{err}");
+    assert!(
+        err.message().contains(&format!("file_offset=`{pos}`")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -313,8 +375,14 @@ fn flipped_byte_in_an_early_segment_fails_reads_of_it_but_not_of_later_segments(
         }
     };
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(err.message().contains(&first.display().to_string()), "{err}");
-    assert!(err.message().contains(&format!("file_offset=`{pos}`")), "{err}");
+    assert!(
+        err.message().contains(&first.display().to_string()),
+        "{err}"
+    );
+    assert!(
+        err.message().contains(&format!("file_offset=`{pos}`")),
+        "{err}"
+    );
     // ...seeking into it also fails (the index build validates the segment)...
     let err = log.read_from(8).err().expect("seek into a corrupt segment");
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
@@ -337,7 +405,8 @@ fn read_from_seeks_with_the_index_inside_a_large_segment() {
     // Damage record 10 in place (the active segment's index lives in memory).
     let mut f = OpenOptions::new().write(true).open(&seg).unwrap();
     use std::os::unix::fs::FileExt;
-    f.write_all_at(b"XX", HEADER + 10 * REC_LEN + FRAME).unwrap();
+    f.write_all_at(b"XX", HEADER + 10 * REC_LEN + FRAME)
+        .unwrap();
     f.flush().unwrap();
     let err = read_all_result(&log, 0).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
@@ -367,8 +436,14 @@ fn a_missing_middle_segment_is_a_corrupt_gap() {
     let err = open(dir.path(), seg_bytes).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     assert!(err.message().contains("gap"), "{err}");
-    assert!(err.message().contains("00000000000000000010.log"), "names the missing segment: {err}");
-    assert!(err.message().contains(&files[2].display().to_string()), "{err}");
+    assert!(
+        err.message().contains("00000000000000000010.log"),
+        "names the missing segment: {err}"
+    );
+    assert!(
+        err.message().contains(&files[2].display().to_string()),
+        "{err}"
+    );
 
     // The first segment missing is a gap too.
     let dir = tempfile::tempdir().unwrap();
@@ -395,7 +470,10 @@ fn replay(log: &dyn Changelog) -> BTreeMap<Bytes, Bytes> {
 }
 
 fn with_clock(clock: &ManualClock, segment_bytes: u64) -> FileChangelogOptions {
-    FileChangelogOptions { clock: Arc::new(clock.clone()), ..opts(segment_bytes) }
+    FileChangelogOptions {
+        clock: Arc::new(clock.clone()),
+        ..opts(segment_bytes)
+    }
 }
 
 #[test]
@@ -404,7 +482,8 @@ fn compaction_keeps_tombstones_within_retention_and_deleted_keys_stay_deleted() 
     let clock = ManualClock::new(1_000_000);
     let log = FileChangelog::open(dir.path(), id(), with_clock(&clock, 300)).unwrap();
     for i in 0..30u64 {
-        log.append(&[Record::put(format!("k{}", i % 3), format!("v{i}"))]).unwrap();
+        log.append(&[Record::put(format!("k{}", i % 3), format!("v{i}"))])
+            .unwrap();
     }
     log.append(&[Record::delete("k1")]).unwrap(); // offset 30
     for i in 0..10u64 {
@@ -413,19 +492,32 @@ fn compaction_keeps_tombstones_within_retention_and_deleted_keys_stay_deleted() 
     let before = replay(&log);
     let end = log.end_offset().unwrap();
     clock.advance_ms(1000);
-    let rep = log.compact(&CompactOptions { delete_retention: Duration::from_secs(60) }).unwrap();
+    let rep = log
+        .compact(&CompactOptions {
+            delete_retention: Duration::from_secs(60),
+        })
+        .unwrap();
     assert!(rep.segments_rewritten > 0, "{rep:?}");
     assert!(rep.records_after < rep.records_before, "{rep:?}");
     assert!(rep.bytes_after < rep.bytes_before, "{rep:?}");
-    assert_eq!(rep.horizon.tombstones_before, 0, "tombstone within retention: no horizon");
+    assert_eq!(
+        rep.horizon.tombstones_before, 0,
+        "tombstone within retention: no horizon"
+    );
     assert_eq!(log.horizon().unwrap().tombstones_before, 0);
     assert_eq!(replay(&log), before);
     assert!(!replay(&log).contains_key(&b"k1"[..]));
     let recs = read_all(&log, 0, 1000);
-    assert!(recs.iter().any(|r| r.offset == 30 && r.value.is_none()), "tombstone kept");
+    assert!(
+        recs.iter().any(|r| r.offset == 30 && r.value.is_none()),
+        "tombstone kept"
+    );
     assert!(recs.windows(2).all(|w| w[0].offset < w[1].offset));
     assert_eq!(log.end_offset().unwrap(), end, "compaction keeps offsets");
-    assert!(log.start_offset().unwrap() > 0, "the lowest records were superseded");
+    assert!(
+        log.start_offset().unwrap() > 0,
+        "the lowest records were superseded"
+    );
     assert_eq!(log.start_offset().unwrap(), recs[0].offset);
     // Reopen: same content, nothing to recover.
     drop(log);
@@ -439,7 +531,8 @@ fn compaction_drops_expired_tombstones_and_advances_the_horizon_durably() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_000_000);
     let log = FileChangelog::open(dir.path(), id(), with_clock(&clock, 200)).unwrap();
-    log.append(&[Record::put("a", "1"), Record::put("b", "1")]).unwrap(); // 0, 1
+    log.append(&[Record::put("a", "1"), Record::put("b", "1")])
+        .unwrap(); // 0, 1
     log.append(&[Record::delete("a")]).unwrap(); // 2: old tombstone
     clock.advance_ms(50_000);
     log.append(&[Record::delete("b")]).unwrap(); // 3: recent tombstone
@@ -448,23 +541,47 @@ fn compaction_drops_expired_tombstones_and_advances_the_horizon_durably() {
     }
     let before = replay(&log);
     clock.advance_ms(20_000); // tombstone 2 is 70 s old, tombstone 3 is 20 s old
-    let rep = log.compact(&CompactOptions { delete_retention: Duration::from_secs(60) }).unwrap();
+    let rep = log
+        .compact(&CompactOptions {
+            delete_retention: Duration::from_secs(60),
+        })
+        .unwrap();
     assert_eq!(rep.horizon.tombstones_before, 3, "{rep:?}");
     assert!(rep.tombstones_dropped >= 1, "{rep:?}");
     assert_eq!(log.horizon().unwrap().tombstones_before, 3);
     let recs = read_all(&log, 0, 1000);
-    assert!(!recs.iter().any(|r| r.key == "a"), "expired tombstone and its put are gone");
-    assert!(recs.iter().any(|r| r.offset == 3 && r.value.is_none()), "recent tombstone kept");
-    assert!(!recs.iter().any(|r| r.offset == 1), "put of b superseded by its tombstone");
+    assert!(
+        !recs.iter().any(|r| r.key == "a"),
+        "expired tombstone and its put are gone"
+    );
+    assert!(
+        recs.iter().any(|r| r.offset == 3 && r.value.is_none()),
+        "recent tombstone kept"
+    );
+    assert!(
+        !recs.iter().any(|r| r.offset == 1),
+        "put of b superseded by its tombstone"
+    );
     assert_eq!(replay(&log), before);
-    assert!(!log.horizon().unwrap().can_resume_after(Some(1)), "a snapshot at 1 is stale");
+    assert!(
+        !log.horizon().unwrap().can_resume_after(Some(1)),
+        "a snapshot at 1 is stale"
+    );
     drop(log);
     let log = FileChangelog::open(dir.path(), id(), with_clock(&clock, 200)).unwrap();
-    assert_eq!(log.horizon().unwrap().tombstones_before, 3, "horizon persisted");
+    assert_eq!(
+        log.horizon().unwrap().tombstones_before,
+        3,
+        "horizon persisted"
+    );
     assert_eq!(replay(&log), before);
     // Later, the second tombstone expires too.
     clock.advance_ms(60_000);
-    let rep = log.compact(&CompactOptions { delete_retention: Duration::from_secs(60) }).unwrap();
+    let rep = log
+        .compact(&CompactOptions {
+            delete_retention: Duration::from_secs(60),
+        })
+        .unwrap();
     assert_eq!(rep.horizon.tombstones_before, 4, "{rep:?}");
     assert_eq!(replay(&log), before);
 }
@@ -487,7 +604,10 @@ fn compaction_drops_keys_whose_newest_record_is_in_the_active_segment() {
     assert_eq!(rep.records_before, 6, "{rep:?}");
     assert_eq!(rep.records_after, 0, "{rep:?}");
     let recs = read_all(&log, 0, 100);
-    assert_eq!(recs.iter().map(|r| r.offset).collect::<Vec<_>>(), (6..18).collect::<Vec<_>>());
+    assert_eq!(
+        recs.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        (6..18).collect::<Vec<_>>()
+    );
     assert_eq!(log.start_offset().unwrap(), 6);
 }
 
@@ -506,10 +626,16 @@ fn a_reader_open_during_compaction_keeps_reading_the_old_segments() {
     while let Some(b) = r.next_batch(7).unwrap() {
         got.extend(b);
     }
-    assert_eq!(got.iter().map(|r| r.offset).collect::<Vec<_>>(), (0..40).collect::<Vec<_>>());
+    assert_eq!(
+        got.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        (0..40).collect::<Vec<_>>()
+    );
     // A new reader sees the compacted log.
     let now = read_all(&log, 0, 100);
-    assert_eq!(now.iter().map(|r| r.offset).collect::<Vec<_>>(), (30..40).collect::<Vec<_>>());
+    assert_eq!(
+        now.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        (30..40).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -558,7 +684,8 @@ fn compaction_leftover_of_a_real_compaction_is_safe_either_way() {
 fn decoder_accepts_a_real_segment() {
     let dir = tempfile::tempdir().unwrap();
     let log = open(dir.path(), 1 << 20).unwrap();
-    log.append(&[rec(0), Record::delete("gone"), rec(2)]).unwrap();
+    log.append(&[rec(0), Record::delete("gone"), rec(2)])
+        .unwrap();
     let bytes = fs::read(&log_files(dir.path())[0]).unwrap();
     let d = decode_segment(&bytes).unwrap();
     assert_eq!(d.header.base_offset, 0);
@@ -571,7 +698,8 @@ fn decoder_accepts_a_real_segment() {
 fn valid_segment() -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let log = open(dir.path(), 1 << 20).unwrap();
-    log.append(&[rec(0), Record::delete("gone"), rec(2), Record::put("", "")]).unwrap();
+    log.append(&[rec(0), Record::delete("gone"), rec(2), Record::put("", "")])
+        .unwrap();
     fs::read(&log_files(dir.path())[0]).unwrap()
 }
 

@@ -52,7 +52,9 @@ pub struct CompactOptions {
 
 impl Default for CompactOptions {
     fn default() -> Self {
-        CompactOptions { delete_retention: Duration::from_secs(24 * 60 * 60) }
+        CompactOptions {
+            delete_retention: Duration::from_secs(24 * 60 * 60),
+        }
     }
 }
 
@@ -98,11 +100,16 @@ impl FileChangelog {
             let s = read_shared(&self.shared)?;
             let n = s.segments.len();
             let active = Arc::clone(
-                s.segments.last().ok_or_else(|| Error::internal("changelog has no segment"))?,
+                s.segments
+                    .last()
+                    .ok_or_else(|| Error::internal("changelog has no segment"))?,
             );
             (s.segments[..n - 1].to_vec(), active, s.horizon)
         };
-        let mut report = CompactionReport { horizon, ..CompactionReport::default() };
+        let mut report = CompactionReport {
+            horizon,
+            ..CompactionReport::default()
+        };
         if closed.is_empty() {
             return Ok(report);
         }
@@ -151,7 +158,10 @@ impl FileChangelog {
         let result = (|| -> Result<()> {
             for seg in &closed {
                 let buf = seg.read_all()?;
-                let header = SegmentHeader { base_offset: seg.base, prev_base_offset: seg.prev_base };
+                let header = SegmentHeader {
+                    base_offset: seg.base,
+                    prev_base_offset: seg.prev_base,
+                };
                 let mut out = header.encode().to_vec();
                 let mut index = IndexBuilder::new();
                 let (mut total, mut kept) = (0u64, 0u64);
@@ -187,13 +197,22 @@ impl FileChangelog {
                     .truncate(true)
                     .open(&tmp)
                     .map_err(|e| io_err("create compacted segment", &tmp, e))?;
-                f.write_all(&out).map_err(|e| io_err("write compacted segment", &tmp, e))?;
+                f.write_all(&out)
+                    .map_err(|e| io_err("write compacted segment", &tmp, e))?;
                 // Durability: the compacted segment is complete on disk before it replaces the old.
-                f.sync_all().map_err(|e| io_err("fsync compacted segment", &tmp, e))?;
+                f.sync_all()
+                    .map_err(|e| io_err("fsync compacted segment", &tmp, e))?;
                 drop(f);
                 // A read handle on the new inode, taken before the rename moves it.
-                let file = File::open(&tmp).map_err(|e| io_err("open compacted segment", &tmp, e))?;
-                rewrites.push(Rewrite { old: Arc::clone(seg), tmp, file, len: out.len() as u64, index });
+                let file =
+                    File::open(&tmp).map_err(|e| io_err("open compacted segment", &tmp, e))?;
+                rewrites.push(Rewrite {
+                    old: Arc::clone(seg),
+                    tmp,
+                    file,
+                    len: out.len() as u64,
+                    index,
+                });
             }
             Ok(())
         })();

@@ -143,7 +143,9 @@ pub(crate) fn encode_record(
 
 /// Whether a record of this size can be written.
 pub(crate) fn check_record_size(key_len: usize, value_len: usize) -> Result<()> {
-    let body = BODY_FIXED_LEN.saturating_add(key_len).saturating_add(value_len);
+    let body = BODY_FIXED_LEN
+        .saturating_add(key_len)
+        .saturating_add(value_len);
     if body > MAX_BODY_LEN || key_len >= TOMBSTONE as usize || value_len >= TOMBSTONE as usize {
         return Err(Error::config(format!(
             "changelog record is too large key_len=`{key_len}` value_len=`{value_len}` \
@@ -192,7 +194,9 @@ pub(crate) enum Frame {
 pub(crate) fn decode_frame(buf: &[u8], pos: usize) -> Frame {
     let rest = buf.len().saturating_sub(pos);
     if rest < 4 {
-        return Frame::Incomplete { needed: FRAME_HEADER_LEN };
+        return Frame::Incomplete {
+            needed: FRAME_HEADER_LEN,
+        };
     }
     let body_len = u32_at(buf, pos) as usize;
     if !(BODY_FIXED_LEN..=MAX_BODY_LEN).contains(&body_len) {
@@ -203,14 +207,21 @@ pub(crate) fn decode_frame(buf: &[u8], pos: usize) -> Frame {
         return Frame::Incomplete { needed: total };
     }
     let stored = u32_at(buf, pos + 4);
-    let actual = crc32c::crc32c_append(crc32c::crc32c(&buf[pos..pos + 4]), &buf[pos + 8..pos + total]);
+    let actual = crc32c::crc32c_append(
+        crc32c::crc32c(&buf[pos..pos + 4]),
+        &buf[pos + 8..pos + total],
+    );
     if stored != actual {
         return Frame::Invalid("crc mismatch");
     }
     let key_len = u32_at(buf, pos + 24) as usize;
     let value_len = u32_at(buf, pos + 28);
     let key_start = pos + FRAME_HEADER_LEN;
-    let value_bytes = if value_len == TOMBSTONE { 0 } else { value_len as usize };
+    let value_bytes = if value_len == TOMBSTONE {
+        0
+    } else {
+        value_len as usize
+    };
     if BODY_FIXED_LEN as u64 + key_len as u64 + value_bytes as u64 != body_len as u64 {
         return Frame::Invalid("lengths do not add up");
     }
@@ -262,7 +273,6 @@ pub(crate) fn scan_records(
     path: &Path,
     mut on_record: impl FnMut(&RawRecord),
 ) -> Result<ScanEnd> {
-    let p = path.display();
     let mut pos = HEADER_LEN.min(buf.len());
     let mut last: Option<u64> = None;
     let mut records = 0u64;
@@ -276,18 +286,36 @@ pub(crate) fn scan_records(
                 pos = r.next;
             }
             Frame::Incomplete { .. } => {
-                return finish_damaged(buf, pos, last, base_offset, records, "truncated record", path);
+                return finish_damaged(
+                    buf,
+                    pos,
+                    last,
+                    base_offset,
+                    records,
+                    "truncated record",
+                    path,
+                );
             }
             Frame::Invalid(reason) => {
                 return finish_damaged(buf, pos, last, base_offset, records, reason, path);
             }
         }
     }
-    let _ = &p;
-    Ok(ScanEnd { valid_len: pos, last_offset: last, records, torn: None })
+    Ok(ScanEnd {
+        valid_len: pos,
+        last_offset: last,
+        records,
+        torn: None,
+    })
 }
 
-fn check_offset(r: &RawRecord, last: Option<u64>, base: u64, path: &Path, pos: usize) -> Result<()> {
+fn check_offset(
+    r: &RawRecord,
+    last: Option<u64>,
+    base: u64,
+    path: &Path,
+    pos: usize,
+) -> Result<()> {
     let bad = match last {
         Some(l) => r.offset <= l,
         None => r.offset < base,
@@ -317,17 +345,17 @@ fn finish_damaged(
     // not a torn tail (a crash only ever cuts the end), and must not be cut off.
     let min_offset = last.map_or(base, |l| l.saturating_add(1));
     for q in pos + 1..buf.len() {
-        if let Frame::Record(r) = decode_frame(buf, q) {
-            if r.offset >= min_offset {
-                return Err(Error::corrupt(format!(
-                    "changelog segment is corrupt before its tail path=`{}` file_offset=`{pos}` \
-                     after_offset=`{}`: {reason}; a valid record follows at file_offset=`{q}` \
-                     offset=`{}`",
-                    path.display(),
-                    last.map_or_else(|| "none".to_string(), |l| l.to_string()),
-                    r.offset
-                )));
-            }
+        if let Frame::Record(r) = decode_frame(buf, q)
+            && r.offset >= min_offset
+        {
+            return Err(Error::corrupt(format!(
+                "changelog segment is corrupt before its tail path=`{}` file_offset=`{pos}` \
+                 after_offset=`{}`: {reason}; a valid record follows at file_offset=`{q}` \
+                 offset=`{}`",
+                path.display(),
+                last.map_or_else(|| "none".to_string(), |l| l.to_string()),
+                r.offset
+            )));
         }
     }
     Ok(ScanEnd {
@@ -389,7 +417,9 @@ pub fn decode_segment(bytes: &[u8]) -> Result<DecodedSegment> {
     let header = SegmentHeader::decode(bytes, path)?;
     let buf = Bytes::copy_from_slice(bytes);
     let mut records = Vec::new();
-    let end = scan_records(&buf, header.base_offset, path, |r| records.push(r.to_logged(&buf)))?;
+    let end = scan_records(&buf, header.base_offset, path, |r| {
+        records.push(r.to_logged(&buf))
+    })?;
     Ok(DecodedSegment {
         header,
         records,
@@ -403,7 +433,12 @@ mod tests {
     use super::*;
 
     fn segment(records: &[(u64, Option<&[u8]>)]) -> Vec<u8> {
-        let mut v = SegmentHeader { base_offset: 0, prev_base_offset: None }.encode().to_vec();
+        let mut v = SegmentHeader {
+            base_offset: 0,
+            prev_base_offset: None,
+        }
+        .encode()
+        .to_vec();
         for (o, val) in records {
             encode_record(&mut v, *o, 7, b"k", *val);
         }
@@ -437,7 +472,10 @@ mod tests {
         v[second + FRAME_HEADER_LEN] ^= 0xff; // the key byte of record 1
         let err = decode_segment(&v).expect_err("mid-log corruption");
         assert_eq!(err.kind(), crate::ErrorKind::Corrupt);
-        assert!(err.message().contains(&format!("file_offset=`{second}`")), "{err}");
+        assert!(
+            err.message().contains(&format!("file_offset=`{second}`")),
+            "{err}"
+        );
     }
 
     #[test]

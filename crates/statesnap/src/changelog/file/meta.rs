@@ -34,7 +34,10 @@ struct VersionOnly {
 
 impl Meta {
     pub(crate) fn id(&self) -> ChangelogId {
-        ChangelogId { topic: self.topic.clone(), partition: self.partition }
+        ChangelogId {
+            topic: self.topic.clone(),
+            partition: self.partition,
+        }
     }
 }
 
@@ -67,8 +70,11 @@ pub(crate) fn read(dir: &Path) -> Result<Option<Meta>> {
         )));
     }
     let meta: Meta = serde_json::from_slice(&bytes).map_err(|e| {
-        Error::corrupt(format!("changelog metadata is malformed path=`{}`", path.display()))
-            .with_source(e)
+        Error::corrupt(format!(
+            "changelog metadata is malformed path=`{}`",
+            path.display()
+        ))
+        .with_source(e)
     })?;
     Ok(Some(meta))
 }
@@ -79,7 +85,10 @@ pub(crate) fn write(dir: &Path, meta: &Meta) -> Result<()> {
     let tmp = dir.join(META_TMP);
     let path = dir.join(META_FILE);
     let io = |what: &str, p: &Path, e| {
-        Error::io(format!("cannot {what} changelog metadata path=`{}`", p.display()), e)
+        Error::io(
+            format!("cannot {what} changelog metadata path=`{}`", p.display()),
+            e,
+        )
     };
     let mut body = serde_json::to_vec_pretty(meta)
         .map_err(|e| Error::internal("cannot encode changelog metadata").with_source(e))?;
@@ -105,14 +114,20 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     #[cfg(unix)]
     {
         let d = File::open(dir).map_err(|e| {
-            Error::io(format!("cannot open changelog directory path=`{}`", dir.display()), e)
+            Error::io(
+                format!("cannot open changelog directory path=`{}`", dir.display()),
+                e,
+            )
         })?;
         // Durability: persists the directory entries (new, renamed, removed files).
         d.sync_all().map_err(|e| {
-            Error::io(format!("cannot fsync changelog directory path=`{}`", dir.display()), e)
+            Error::io(
+                format!("cannot fsync changelog directory path=`{}`", dir.display()),
+                e,
+            )
         })?;
     }
     #[cfg(not(unix))]
-    let _ = (dir, File::open::<&Path>);
+    let _ = dir; // Directories cannot be fsynced portably elsewhere.
     Ok(())
 }

@@ -184,15 +184,18 @@ struct Writer {
 }
 
 fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
-    m.lock().map_err(|_| Error::internal("changelog lock poisoned by a panic"))
+    m.lock()
+        .map_err(|_| Error::internal("changelog lock poisoned by a panic"))
 }
 
 fn read_shared(s: &RwLock<Shared>) -> Result<std::sync::RwLockReadGuard<'_, Shared>> {
-    s.read().map_err(|_| Error::internal("changelog lock poisoned by a panic"))
+    s.read()
+        .map_err(|_| Error::internal("changelog lock poisoned by a panic"))
 }
 
 fn write_shared(s: &RwLock<Shared>) -> Result<std::sync::RwLockWriteGuard<'_, Shared>> {
-    s.write().map_err(|_| Error::internal("changelog lock poisoned by a panic"))
+    s.write()
+        .map_err(|_| Error::internal("changelog lock poisoned by a panic"))
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -233,10 +236,11 @@ impl FileChangelog {
                 )));
             }
             fs::create_dir_all(&dir).map_err(|e| io_err("create changelog directory", &dir, e))?;
-            if let Some(parent) = dir.parent() {
-                if !parent.as_os_str().is_empty() {
-                    meta::sync_dir(parent)?;
-                }
+            if let Some(parent) = dir.parent()
+                && !parent.as_os_str().is_empty()
+            {
+                // Durability: the new directory's entry in its parent survives a crash.
+                meta::sync_dir(parent)?;
             }
         }
         let lock_path = dir.join(LOCK_FILE);
@@ -263,8 +267,10 @@ impl FileChangelog {
 
         let names = list_dir(&dir)?;
         remove_leftovers(&dir, &names)?;
-        let mut bases: Vec<u64> =
-            names.iter().filter_map(|n| segment::parse_segment_file_name(n)).collect();
+        let mut bases: Vec<u64> = names
+            .iter()
+            .filter_map(|n| segment::parse_segment_file_name(n))
+            .collect();
         bases.sort_unstable();
 
         let meta = match meta::read(&dir)? {
@@ -326,7 +332,9 @@ impl FileChangelog {
                 w.into_writer(seg)
             }
         };
-        Self::finish(dir, id, options, meta, segments, recovery, lock_file, writer)
+        Self::finish(
+            dir, id, options, meta, segments, recovery, lock_file, writer,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -350,7 +358,12 @@ impl FileChangelog {
             fsync: options.fsync,
             clock: options.clock,
             writer: Mutex::new(writer),
-            shared: RwLock::new(Shared { segments, horizon: meta.horizon, start: None, generation: 0 }),
+            shared: RwLock::new(Shared {
+                segments,
+                horizon: meta.horizon,
+                start: None,
+                generation: 0,
+            }),
             end: AtomicU64::new(end),
             compacting: Mutex::new(()),
             recovery,
@@ -371,7 +384,11 @@ impl FileChangelog {
 
     /// Paths of the segment files, in offset order (the last is active).
     pub fn segment_paths(&self) -> Result<Vec<PathBuf>> {
-        Ok(read_shared(&self.shared)?.segments.iter().map(|s| s.path.clone()).collect())
+        Ok(read_shared(&self.shared)?
+            .segments
+            .iter()
+            .map(|s| s.path.clone())
+            .collect())
     }
 
     /// Appends `batch` under the writer lock.
@@ -397,8 +414,8 @@ impl FileChangelog {
         let mut next = w.next_offset;
         let result = (|| -> Result<()> {
             for r in batch {
-                let flen = format::frame_len(r.key.len(), r.value.as_ref().map_or(0, |v| v.len()))
-                    as u64;
+                let flen =
+                    format::frame_len(r.key.len(), r.value.as_ref().map_or(0, |v| v.len())) as u64;
                 let written = w.pos + buf.len() as u64;
                 if written + flen > self.segment_bytes && written > HEADER_LEN as u64 {
                     self.write_out(w, &mut buf, &mut new_entries, next)?;
@@ -445,7 +462,11 @@ impl FileChangelog {
                 w.poisoned = Some(format!("write failed: {e}; truncating back failed: {e2}"));
             }
             w.index = IndexBuilder::resume(SparseIndex {
-                entries: w.active.index().map(|i| i.entries.clone()).unwrap_or_default(),
+                entries: w
+                    .active
+                    .index()
+                    .map(|i| i.entries.clone())
+                    .unwrap_or_default(),
             });
             buf.clear();
             entries.clear();
@@ -470,17 +491,24 @@ impl FileChangelog {
             }
             FsyncPolicy::Never => false,
         };
-        if due { self.sync_all_locked(w, now) } else { Ok(()) }
+        if due {
+            self.sync_all_locked(w, now)
+        } else {
+            Ok(())
+        }
     }
 
     fn sync_all_locked(&self, w: &mut Writer, now: i64) -> Result<()> {
         for (path, f) in w.unsynced.drain(..) {
             // Durability: closed segments written under `Never` reach disk on flush.
-            f.sync_data().map_err(|e| io_err("fsync changelog segment", &path, e))?;
+            f.sync_data()
+                .map_err(|e| io_err("fsync changelog segment", &path, e))?;
         }
         if w.dirty {
             // Durability: the acknowledged records of the active segment reach disk.
-            w.file.sync_data().map_err(|e| io_err("fsync changelog segment", &w.active.path, e))?;
+            w.file
+                .sync_data()
+                .map_err(|e| io_err("fsync changelog segment", &w.active.path, e))?;
             w.dirty = false;
         }
         if w.dir_dirty {
@@ -494,11 +522,16 @@ impl FileChangelog {
     /// Closes the active segment and starts a new one at `w.next_offset`.
     fn roll(&self, w: &mut Writer) -> Result<()> {
         if self.fsync == FsyncPolicy::Never {
-            let f = w.file.try_clone().map_err(|e| io_err("clone handle", &w.active.path, e))?;
+            let f = w
+                .file
+                .try_clone()
+                .map_err(|e| io_err("clone handle", &w.active.path, e))?;
             w.unsynced.push((w.active.path.clone(), f));
         } else if w.dirty {
             // Durability: a closed segment is complete on disk before later records are acked.
-            w.file.sync_data().map_err(|e| io_err("fsync changelog segment", &w.active.path, e))?;
+            w.file
+                .sync_data()
+                .map_err(|e| io_err("fsync changelog segment", &w.active.path, e))?;
         }
         w.dirty = false;
         // Everything in the closed segment is now readable.
@@ -562,7 +595,13 @@ struct LastSegment {
 
 impl LastSegment {
     fn into_writer(self, seg: Arc<Segment>) -> Writer {
-        new_writer(self.file, seg, self.pos, self.next_offset, IndexBuilder::resume(self.index))
+        new_writer(
+            self.file,
+            seg,
+            self.pos,
+            self.next_offset,
+            IndexBuilder::resume(self.index),
+        )
     }
 }
 
@@ -631,12 +670,22 @@ fn create_segment(dir: &Path, base: u64, prev: Option<u64>) -> Result<(Segment, 
         .truncate(true)
         .open(&path)
         .map_err(|e| io_err("create changelog segment", &path, e))?;
-    let header = SegmentHeader { base_offset: base, prev_base_offset: prev }.encode();
+    let header = SegmentHeader {
+        base_offset: base,
+        prev_base_offset: prev,
+    }
+    .encode();
     segment::write_all_at(&file, &header, 0)
         .map_err(|e| io_err("write changelog segment header", &path, e))?;
     let read = File::open(&path).map_err(|e| io_err("open changelog segment", &path, e))?;
-    let seg =
-        Segment::new(base, prev, path, read, HEADER_LEN as u64, Some(SparseIndex::default()));
+    let seg = Segment::new(
+        base,
+        prev,
+        path,
+        read,
+        HEADER_LEN as u64,
+        Some(SparseIndex::default()),
+    );
     Ok((seg, file))
 }
 
@@ -667,13 +716,23 @@ fn check_header(path: &Path, h: &SegmentHeader, base: u64, prev: Option<u64>) ->
 
 fn open_closed_segment(path: &Path, base: u64, prev: Option<u64>) -> Result<Segment> {
     let file = File::open(path).map_err(|e| io_err("open changelog segment", path, e))?;
-    let len = file.metadata().map_err(|e| io_err("stat changelog segment", path, e))?.len();
+    let len = file
+        .metadata()
+        .map_err(|e| io_err("stat changelog segment", path, e))?
+        .len();
     let mut hb = vec![0u8; HEADER_LEN.min(usize::try_from(len).unwrap_or(HEADER_LEN))];
     segment::read_exact_at(&file, &mut hb, 0)
         .map_err(|e| io_err("read changelog segment header", path, e))?;
     let h = SegmentHeader::decode(&hb, path)?;
     check_header(path, &h, base, prev)?;
-    Ok(Segment::new(base, prev, path.to_path_buf(), file, len, None))
+    Ok(Segment::new(
+        base,
+        prev,
+        path.to_path_buf(),
+        file,
+        len,
+        None,
+    ))
 }
 
 /// Opens the last segment, validates it completely and cuts a torn tail.
@@ -691,7 +750,11 @@ fn open_last_segment(
     let mut report = None;
     let (valid_len, next_offset, index) = if bytes.len() < HEADER_LEN {
         // A crash while a new segment was being created: rewrite its header.
-        let header = SegmentHeader { base_offset: base, prev_base_offset: prev }.encode();
+        let header = SegmentHeader {
+            base_offset: base,
+            prev_base_offset: prev,
+        }
+        .encode();
         segment::write_all_at(&file, &header, 0)
             .map_err(|e| io_err("write changelog segment header", path, e))?;
         report = Some(RecoveryReport {
@@ -727,7 +790,8 @@ fn open_last_segment(
     };
     if let Some(r) = &report {
         // Durability: the repaired tail is on disk before new records are appended after it.
-        file.sync_all().map_err(|e| io_err("fsync changelog segment", path, e))?;
+        file.sync_all()
+            .map_err(|e| io_err("fsync changelog segment", path, e))?;
         tracing::warn!(
             path = %r.segment.display(),
             file_offset = r.file_offset,
@@ -738,10 +802,26 @@ fn open_last_segment(
         );
     }
     let read = File::open(path).map_err(|e| io_err("open changelog segment", path, e))?;
-    let seg = Segment::new(base, prev, path.to_path_buf(), read, valid_len, Some(SparseIndex {
-        entries: index.entries.clone(),
-    }));
-    Ok((seg, LastSegment { file, pos: valid_len, next_offset, index }, report))
+    let seg = Segment::new(
+        base,
+        prev,
+        path.to_path_buf(),
+        read,
+        valid_len,
+        Some(SparseIndex {
+            entries: index.entries.clone(),
+        }),
+    );
+    Ok((
+        seg,
+        LastSegment {
+            file,
+            pos: valid_len,
+            next_offset,
+            index,
+        },
+        report,
+    ))
 }
 
 impl Changelog for FileChangelog {

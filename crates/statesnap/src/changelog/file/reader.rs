@@ -64,7 +64,10 @@ impl FileReader {
             return Ok(r);
         }
         // Binary search over base offsets: the last segment starting at or before `from`.
-        let i = r.segments.partition_point(|s| s.base <= from).saturating_sub(1);
+        let i = r
+            .segments
+            .partition_point(|s| s.base <= from)
+            .saturating_sub(1);
         r.seg = i;
         let seg = Arc::clone(&r.segments[i]);
         if from > seg.base {
@@ -79,7 +82,11 @@ impl FileReader {
 
     fn start_building(&mut self) {
         let seg = &self.segments[self.seg];
-        self.building = if seg.index().is_none() { Some(IndexBuilder::new()) } else { None };
+        self.building = if seg.index().is_none() {
+            Some(IndexBuilder::new())
+        } else {
+            None
+        };
     }
 
     fn next_base(&self) -> Option<u64> {
@@ -110,11 +117,11 @@ impl ChangelogReader for FileReader {
             let seg = Arc::clone(&self.segments[self.seg]);
             let seg_len = seg.len();
             if self.pos >= seg_len {
-                if let Some(b) = self.building.take() {
-                    if self.next_base().is_some() {
-                        // Read from its start to its end: the index is complete.
-                        seg.set_index(b.index);
-                    }
+                if let Some(b) = self.building.take()
+                    && self.next_base().is_some()
+                {
+                    // Read from its start to its end: the index is complete.
+                    seg.set_index(b.index);
                 }
                 if self.seg + 1 >= self.segments.len() {
                     self.done = true;
@@ -172,7 +179,11 @@ impl ChangelogReader for FileReader {
                 Frame::Invalid(reason) => return Err(self.corrupt(reason)),
             }
         }
-        if out.is_empty() && self.done { Ok(None) } else { Ok(Some(out)) }
+        if out.is_empty() && self.done {
+            Ok(None)
+        } else {
+            Ok(Some(out))
+        }
     }
 
     fn end_offset(&self) -> u64 {

@@ -39,7 +39,11 @@ impl SparseIndex {
     /// File position to start scanning at to find `offset`.
     pub(crate) fn position_for(&self, offset: u64) -> u64 {
         let i = self.entries.partition_point(|&(o, _)| o <= offset);
-        if i == 0 { HEADER_LEN as u64 } else { self.entries[i - 1].1 }
+        if i == 0 {
+            HEADER_LEN as u64
+        } else {
+            self.entries[i - 1].1
+        }
     }
 
     pub(crate) fn first_offset(&self) -> Option<u64> {
@@ -206,7 +210,8 @@ impl Segment {
             )));
         }
         self.set_index(b.index);
-        self.index().ok_or_else(|| Error::internal("segment index vanished"))
+        self.index()
+            .ok_or_else(|| Error::internal("segment index vanished"))
     }
 
     pub(crate) fn beyond_next_base(&self, offset: u64, next_base: Option<u64>) -> Error {
@@ -233,7 +238,9 @@ impl Segment {
             let buf = self.read_at(HEADER_LEN as u64, want_usize)?;
             match format::decode_frame(&buf, 0) {
                 Frame::Record(r) => return Ok(Some(r.offset)),
-                Frame::Incomplete { needed } if (needed as u64) <= avail && needed as u64 > want => {
+                Frame::Incomplete { needed }
+                    if (needed as u64) <= avail && needed as u64 > want =>
+                {
                     want = needed as u64;
                 }
                 Frame::Incomplete { .. } => {
@@ -262,7 +269,11 @@ pub(crate) fn read_exact_at(file: &File, buf: &mut [u8], pos: u64) -> std::io::R
     {
         let mut done = 0;
         while done < buf.len() {
-            let n = std::os::windows::fs::FileExt::seek_read(file, &mut buf[done..], pos + done as u64)?;
+            let n = std::os::windows::fs::FileExt::seek_read(
+                file,
+                &mut buf[done..],
+                pos + done as u64,
+            )?;
             if n == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
@@ -282,7 +293,8 @@ pub(crate) fn write_all_at(file: &File, buf: &[u8], pos: u64) -> std::io::Result
     {
         let mut done = 0;
         while done < buf.len() {
-            let n = std::os::windows::fs::FileExt::seek_write(file, &buf[done..], pos + done as u64)?;
+            let n =
+                std::os::windows::fs::FileExt::seek_write(file, &buf[done..], pos + done as u64)?;
             if n == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
