@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use statesnap::changelog::{Changelog, ChangelogId};
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+use statesnap::changelog::{Changelog, ChangelogId};
 use statesnap::restore::ReplayOptions;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
@@ -15,7 +15,10 @@ use statesnap::{Error, ErrorKind, Result};
 
 use crate::args::{DemoArgs, StoreKind};
 
-fn open_store(kind: StoreKind, dir: &Path) -> Result<Box<dyn StateStore>> {
+fn open_store(
+    kind: StoreKind,
+    #[allow(unused_variables)] dir: &Path,
+) -> Result<Box<dyn StateStore>> {
     Ok(match kind {
         StoreKind::Memory => Box::new(MemoryStore::new()),
         #[cfg(feature = "rocksdb")]
@@ -35,14 +38,18 @@ fn value_for(i: u64, size: usize) -> Vec<u8> {
 
 pub fn run(args: &DemoArgs, json: bool) -> Result<()> {
     if args.keys == 0 || args.batch == 0 {
-        return Err(Error::new(ErrorKind::Config, "--keys and --batch must be at least 1"));
+        return Err(Error::new(
+            ErrorKind::Config,
+            "--keys and --batch must be at least 1",
+        ));
     }
     let _tmp;
     let root: PathBuf = match &args.dir {
         Some(d) => d.clone(),
         None => {
-            let t = tempfile::tempdir()
-                .map_err(|e| Error::new(ErrorKind::Io, "cannot create a temporary directory").with_source(e))?;
+            let t = tempfile::tempdir().map_err(|e| {
+                Error::new(ErrorKind::Io, "cannot create a temporary directory").with_source(e)
+            })?;
             let p = t.path().to_path_buf();
             _tmp = t;
             p
@@ -69,7 +76,8 @@ pub fn run(args: &DemoArgs, json: bool) -> Result<()> {
     let mut model: HashMap<u64, Option<u64>> = HashMap::new();
     let t0 = Instant::now();
     {
-        let changelog = FileChangelog::open(&changelog_dir, id.clone(), FileChangelogOptions::default())?;
+        let changelog =
+            FileChangelog::open(&changelog_dir, id.clone(), FileChangelogOptions::default())?;
         let store = open_store(args.store, &store_dir)?;
         let mut logged = LoggedStore::new(store, changelog)?;
         logged.catch_up(&ReplayOptions::default())?;
@@ -102,8 +110,9 @@ pub fn run(args: &DemoArgs, json: bool) -> Result<()> {
 
     // 2. Lose the store entirely, then rebuild it by replaying the changelog.
     if store_dir.exists() {
-        std::fs::remove_dir_all(&store_dir)
-            .map_err(|e| Error::new(ErrorKind::Io, "cannot remove the demo store").with_source(e))?;
+        std::fs::remove_dir_all(&store_dir).map_err(|e| {
+            Error::new(ErrorKind::Io, "cannot remove the demo store").with_source(e)
+        })?;
     }
     let changelog = FileChangelog::open(&changelog_dir, id, FileChangelogOptions::default())?;
     let store = open_store(args.store, &store_dir)?;
@@ -131,28 +140,47 @@ pub fn run(args: &DemoArgs, json: bool) -> Result<()> {
 
     // 3. Verify the rebuilt store against the model of committed writes.
     let t2 = Instant::now();
-    let live: HashMap<u64, u64> = model.iter().filter_map(|(k, v)| v.map(|i| (*k, i))).collect();
+    let live: HashMap<u64, u64> = model
+        .iter()
+        .filter_map(|(k, v)| v.map(|i| (*k, i)))
+        .collect();
     let mut seen = 0u64;
     for kv in logged.store().iter()? {
         let (k, v) = kv?;
-        let ks = std::str::from_utf8(&k).ok().and_then(|s| s.strip_prefix("key-")).and_then(|s| s.parse::<u64>().ok());
+        let ks = std::str::from_utf8(&k)
+            .ok()
+            .and_then(|s| s.strip_prefix("key-"))
+            .and_then(|s| s.parse::<u64>().ok());
         let Some(k) = ks else {
-            return Err(Error::new(ErrorKind::Internal, format!("unexpected key in rebuilt store key={k:?}")));
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("unexpected key in rebuilt store key={k:?}"),
+            ));
         };
         match live.get(&k) {
             Some(i) if v.as_ref() == value_for(*i, args.value_size).as_slice() => seen += 1,
             _ => {
-                return Err(Error::new(ErrorKind::Internal, format!("rebuilt store disagrees with the model key={k}")));
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!("rebuilt store disagrees with the model key={k}"),
+                ));
             }
         }
     }
     if seen != live.len() as u64 {
         return Err(Error::new(
             ErrorKind::Internal,
-            format!("rebuilt store is missing keys expected={} found={seen}", live.len()),
+            format!(
+                "rebuilt store is missing keys expected={} found={seen}",
+                live.len()
+            ),
         ));
     }
-    say(format!("verified {seen} live keys ({} deleted) in {:.2?}: the rebuilt store equals the committed writes", model.len() - live.len(), t2.elapsed()));
+    say(format!(
+        "verified {seen} live keys ({} deleted) in {:.2?}: the rebuilt store equals the committed writes",
+        model.len() - live.len(),
+        t2.elapsed()
+    ));
     if json {
         println!(
             "{}",

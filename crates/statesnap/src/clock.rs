@@ -18,6 +18,7 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
         // The one place the wall clock is read.
+        #[allow(clippy::disallowed_methods)]
         match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
             Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
             Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
@@ -34,7 +35,9 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock reading `now_ms`.
     pub fn new(now_ms: i64) -> Self {
-        ManualClock { now: Arc::new(AtomicI64::new(now_ms)) }
+        ManualClock {
+            now: Arc::new(AtomicI64::new(now_ms)),
+        }
     }
     /// Moves the clock forward by `ms`.
     pub fn advance_ms(&self, ms: i64) {

@@ -45,16 +45,21 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
     pub fn new(store: S, changelog: C) -> Result<Self> {
         let applied = store.applied_offset()?;
         let end = changelog.end_offset()?;
-        if let Some(a) = applied {
-            if a >= end {
-                return Err(Error::stale(format!(
-                    "store is ahead of its changelog changelog=`{}` applied_offset={a} end_offset={end}; \
+        if let Some(a) = applied
+            && a >= end
+        {
+            return Err(Error::stale(format!(
+                "store is ahead of its changelog changelog=`{}` applied_offset={a} end_offset={end}; \
                      the changelog was recreated or truncated — delete the store and replay from scratch",
-                    changelog.id()
-                )));
-            }
+                changelog.id()
+            )));
         }
-        Ok(LoggedStore { store, changelog, pending: BTreeMap::new(), behind: false })
+        Ok(LoggedStore {
+            store,
+            changelog,
+            pending: BTreeMap::new(),
+            behind: false,
+        })
     }
 
     /// Replays whatever the changelog holds beyond the store's applied offset.
@@ -99,7 +104,10 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             return Ok(base);
         }
         let over = self.pending.range::<[u8], _>((start, end));
-        Ok(Box::new(MergeIter { base: base.peekable(), over: over.peekable() }))
+        Ok(Box::new(MergeIter {
+            base: base.peekable(),
+            over: over.peekable(),
+        }))
     }
 
     /// Number of distinct keys written since the last commit.
@@ -130,7 +138,10 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
         let records: Vec<Record> = self
             .pending
             .iter()
-            .map(|(k, v)| Record { key: k.clone(), value: v.clone() })
+            .map(|(k, v)| Record {
+                key: k.clone(),
+                value: v.clone(),
+            })
             .collect();
         // Invariant 1: the changelog first.
         let offsets = self.changelog.append(&records)?;
@@ -146,7 +157,11 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             self.behind = true;
             return Err(e);
         }
-        Ok(Some(CommitInfo { records: records.len(), first_offset, last_offset }))
+        Ok(Some(CommitInfo {
+            records: records.len(),
+            first_offset,
+            last_offset,
+        }))
     }
 
     fn check_not_behind(&self) -> Result<()> {

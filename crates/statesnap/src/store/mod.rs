@@ -125,6 +125,18 @@ impl<S: StateStore + ?Sized> StateStore for Box<S> {
     }
 }
 
+/// Whether `(start, end)` can hold no key (start after end, or an empty
+/// exclusive range) — the B-tree range APIs panic on such ranges.
+pub(crate) fn range_is_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
+    match (start, end) {
+        (Bound::Included(s), Bound::Included(e)) => s > e,
+        (Bound::Included(s), Bound::Excluded(e))
+        | (Bound::Excluded(s), Bound::Included(e))
+        | (Bound::Excluded(s), Bound::Excluded(e)) => s >= e,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,17 +147,5 @@ mod tests {
         assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
         assert_eq!(prefix_end(b"\xff\xff"), None);
         assert_eq!(prefix_end(b""), None);
-    }
-}
-
-/// Whether `(start, end)` can hold no key (start after end, or an empty
-/// exclusive range) — the B-tree range APIs panic on such ranges.
-pub(crate) fn range_is_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
-    match (start, end) {
-        (Bound::Included(s), Bound::Included(e)) => s > e,
-        (Bound::Included(s), Bound::Excluded(e))
-        | (Bound::Excluded(s), Bound::Included(e))
-        | (Bound::Excluded(s), Bound::Excluded(e)) => s >= e,
-        _ => false,
     }
 }
