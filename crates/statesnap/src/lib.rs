@@ -4,9 +4,13 @@
 
 #![deny(rustdoc::broken_intra_doc_links)]
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
 pub mod changelog;
 pub mod clock;
 pub mod error;
+pub mod repo;
 pub mod store;
 mod util;
 

@@ -1,0 +1,3 @@
+//! Shared conformance suites (feature `conformance`).
+
+pub mod repo {}
