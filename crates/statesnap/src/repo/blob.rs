@@ -130,7 +130,7 @@ impl Repository {
         sk: &StoreKey,
         files: &[PathBuf],
     ) -> Result<Vec<PutOutcome>> {
-        futures::stream::iter(files.iter().map(|p| self.put_blob_file(sk, p)))
+        futures::stream::iter((0..files.len()).map(|i| self.put_blob_file(sk, &files[i])))
             .buffered(self.transfer.parallelism.max(1))
             .try_collect()
             .await
@@ -405,10 +405,12 @@ impl Repository {
         sk: &StoreKey,
         items: &[(BlobRef, PathBuf)],
     ) -> Result<()> {
-        futures::stream::iter(items.iter().map(|(b, p)| self.get_blob_to_file(sk, b, p)))
-            .buffer_unordered(self.transfer.parallelism.max(1))
-            .try_collect::<()>()
-            .await
+        futures::stream::iter(
+            (0..items.len()).map(|i| self.get_blob_to_file(sk, &items[i].0, &items[i].1)),
+        )
+        .buffer_unordered(self.transfer.parallelism.max(1))
+        .try_collect::<()>()
+        .await
     }
 }
 

@@ -53,9 +53,7 @@ impl Repository {
         let condemned = gc::condemned_blobs(self, sk).await?;
         let blobs = manifest.blobs();
         futures::stream::iter(
-            blobs
-                .iter()
-                .map(|(hash, size)| self.recheck_blob(sk, hash, *size, &key)),
+            (0..blobs.len()).map(|i| self.recheck_blob(sk, blobs[i].0, blobs[i].1, &key)),
         )
         .buffer_unordered(self.transfer.parallelism.max(1))
         .try_collect::<()>()
@@ -106,11 +104,11 @@ impl Repository {
     async fn recheck_blob(
         &self,
         sk: &StoreKey,
-        hash: &BlobHash,
+        hash: BlobHash,
         size: u64,
         manifest_key: &object_store::path::Path,
     ) -> Result<()> {
-        match self.head_blob(sk, hash).await? {
+        match self.head_blob(sk, &hash).await? {
             None => Err(Error::stale(format!(
                 "blob named by the snapshot is missing (a reused blob was garbage-collected?); retry \
                  the snapshot key=`{manifest_key}` blob=`{hash}`"

@@ -298,18 +298,16 @@ impl Repository {
             .iter()
             .find(|u| u.kind != ErrorKind::Corrupt)
         {
-            return Err(Error::new(
-                if u.kind == ErrorKind::Transient {
-                    ErrorKind::Transient
-                } else {
-                    ErrorKind::Config
-                },
-                format!(
-                    "gc stopped: a manifest could not be understood, so its blobs cannot be \
+            let msg = format!(
+                "gc stopped: a manifest could not be understood, so its blobs cannot be \
                      ruled unreferenced key=`{}` reason=`{}`",
-                    u.key, u.reason
-                ),
-            ));
+                u.key, u.reason
+            );
+            return Err(if u.kind == ErrorKind::Transient {
+                Error::transient(msg)
+            } else {
+                Error::config(msg)
+            });
         }
         report.unreadable = listing.unreadable.clone();
 
