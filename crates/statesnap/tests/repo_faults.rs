@@ -263,8 +263,13 @@ async fn gc_at_every_step_of_a_commit_never_deletes_a_referenced_blob() {
             pause.resume();
             let res = writer.await.unwrap();
             if let Err(e) = &res {
+                // Stale: a blob vanished or was condemned too long ago, or
+                // the commit ran over budget. Transient: gc removed a staging
+                // object that looked older than the grace period (the test's
+                // clock runs 2 h ahead of the store's, so everything the
+                // writer uploads looks old to gc: harsher than A3).
                 assert!(
-                    matches!(e.kind(), ErrorKind::Stale),
+                    matches!(e.kind(), ErrorKind::Stale | ErrorKind::Transient),
                     "op {k} ({paused_op}): {e}"
                 );
             }

@@ -263,6 +263,13 @@ impl Repository {
         // Server-side move into the content-addressed name.
         if let Err(e) = self.store.rename(&staging, &key).await {
             self.delete_quietly(&staging).await;
+            if matches!(e, object_store::Error::NotFound { .. }) {
+                return Err(Error::transient(format!(
+                    "staged upload disappeared before it was moved into place (gc removes staging \
+                     objects older than its grace period); retry from=`{staging}` to=`{key}`"
+                ))
+                .with_source(e));
+            }
             return Err(map_store_error(
                 e,
                 &format!("cannot move staged blob from=`{staging}` to=`{key}`"),
