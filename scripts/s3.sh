@@ -67,7 +67,9 @@ s3_start() {
         s3_stop
         return 1
     fi
-    export STATESNAP_TEST_S3_URL="s3://$bucket/run-$(date +%s)-$$"
+    # Keep keys short: s3s-fs stores per-object metadata in a file named after
+    # the base64 of the whole key, so keys over ~180 bytes hit NAME_MAX (255).
+    export STATESNAP_TEST_S3_URL="s3://$bucket/r$$"
     export AWS_ENDPOINT_URL="http://127.0.0.1:$S3_PORT"
     export AWS_ACCESS_KEY_ID="$access_key"
     export AWS_SECRET_ACCESS_KEY="$secret_key"

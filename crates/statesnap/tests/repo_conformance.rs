@@ -35,10 +35,8 @@ async fn s3_server() {
         );
         return;
     };
-    let url = format!(
-        "{}/conformance-{}",
-        base.trim_end_matches('/'),
-        uuid::Uuid::new_v4()
-    );
+    // Short: s3s-fs cannot store keys much over 180 bytes (see scripts/s3.sh).
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let url = format!("{}/c{}", base.trim_end_matches('/'), &id[..8]);
     run_all(&url, RepositoryOptions::default()).await;
 }
