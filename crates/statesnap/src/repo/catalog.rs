@@ -105,7 +105,7 @@ impl Repository {
                 }),
             }
         }
-        keys.sort_by(|a, b| a.name.cmp(&b.name));
+        keys.sort_by_key(|a| a.name);
         foreign.sort_by(|a, b| a.key.cmp(&b.key));
         Ok((keys, foreign))
     }
@@ -150,7 +150,7 @@ impl Repository {
                 }),
             }
         }
-        snapshots.sort_by(|a, b| a.manifest.name().cmp(&b.manifest.name()));
+        snapshots.sort_by_key(|a| a.manifest.name());
         unreadable.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(Listing {
             snapshots,

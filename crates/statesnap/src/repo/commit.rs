@@ -67,13 +67,13 @@ impl Repository {
             )));
         }
         for (hash, _) in &blobs {
-            if let Some(&at) = condemned.get(hash) {
-                if now.saturating_sub(at) > budget {
-                    return Err(Error::stale(format!(
-                        "blob is condemned by gc and will be deleted; retry the snapshot after the \
+            if let Some(&at) = condemned.get(hash)
+                && now.saturating_sub(at) > budget
+            {
+                return Err(Error::stale(format!(
+                    "blob is condemned by gc and will be deleted; retry the snapshot after the \
                          next gc run key=`{key}` blob=`{hash}` condemned_at={at}"
-                    )));
-                }
+                )));
             }
         }
         let body = manifest.encode()?;

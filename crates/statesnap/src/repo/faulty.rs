@@ -178,10 +178,10 @@ impl State {
                 let _ = rx.await;
             }
         }
-        if let Some(l) = d.latency {
-            if !l.is_zero() {
-                tokio::time::sleep(l).await;
-            }
+        if let Some(l) = d.latency
+            && !l.is_zero()
+        {
+            tokio::time::sleep(l).await;
         }
     }
 

@@ -253,10 +253,11 @@ impl Repository {
                 Some(ParsedKey::Blob(k, h)) if &k == sk => {
                     blobs.insert(h, (m.size, m.last_modified.timestamp_millis()));
                 }
-                Some(ParsedKey::Staging(k, _)) if &k == sk => {
-                    if m.last_modified.timestamp_millis() < t_start.saturating_sub(grace) {
-                        staging.push(m.location.clone());
-                    }
+                Some(ParsedKey::Staging(k, _))
+                    if &k == sk
+                        && m.last_modified.timestamp_millis() < t_start.saturating_sub(grace) =>
+                {
+                    staging.push(m.location.clone());
                 }
                 _ => {}
             }

@@ -255,14 +255,14 @@ impl Manifest {
         }
         m.validate()
             .map_err(|e| Error::corrupt(format!("{} key=`{key}`", e.message())))?;
-        if let Some((sk, name)) = paths::parse_manifest(&object_store::path::Path::from(key)) {
-            if sk != m.store_key || name != m.name() {
-                return Err(Error::corrupt(format!(
-                    "manifest body does not match its key key=`{key}` body_store_key=`{}` \
+        if let Some((sk, name)) = paths::parse_manifest(&object_store::path::Path::from(key))
+            && (sk != m.store_key || name != m.name())
+        {
+            return Err(Error::corrupt(format!(
+                "manifest body does not match its key key=`{key}` body_store_key=`{}` \
                      body_offset={} body_id=`{}`",
-                    m.store_key, m.changelog.offset, m.snapshot_id
-                )));
-            }
+                m.store_key, m.changelog.offset, m.snapshot_id
+            )));
         }
         Ok(m)
     }

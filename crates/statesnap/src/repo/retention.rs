@@ -72,7 +72,7 @@ impl RetentionPlan {
 /// Decides what to keep among `snapshots` (any order) at time `now_ms`.
 pub fn plan(snapshots: &[SnapshotInfo], policy: &RetentionPolicy, now_ms: i64) -> RetentionPlan {
     let mut sorted: Vec<&SnapshotInfo> = snapshots.iter().collect();
-    sorted.sort_by(|a, b| b.manifest.name().cmp(&a.manifest.name()));
+    sorted.sort_by_key(|s| std::cmp::Reverse(s.manifest.name()));
     let by_id: BTreeMap<SnapshotId, &SnapshotInfo> = sorted.iter().map(|s| (s.id(), *s)).collect();
     let mut kept: BTreeMap<SnapshotId, KeepReason> = BTreeMap::new();
     let no_policy = policy.keep_last.is_none() && policy.keep_newer_than.is_none();
