@@ -9,6 +9,7 @@ pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod error;
+pub mod repo;
 pub mod restore;
 pub mod store;
 mod util;

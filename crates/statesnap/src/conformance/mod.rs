@@ -5,4 +5,5 @@
 //! tests. The checks panic (like `assert!`) with a message saying what broke.
 
 pub mod changelog;
+pub mod repo;
 pub mod store;

@@ -1,0 +1,486 @@
+//! Content-addressed blobs (design invariant 4) with verification on every
+//! read (invariant 6).
+//!
+//! # Upload strategy
+//!
+//! A blob's key is the blake3 of its bytes, known only after reading them
+//! all, and a stream can be read only once. So:
+//!
+//! * **small** blobs (below [`TransferOptions::multipart_threshold`], default
+//!   8 MiB) are buffered in memory, hashed, checked with `head` (an existing
+//!   blob of the same size is not uploaded again) and written with one `put`;
+//! * **large** blobs are streamed, hashed on the way, as a multipart upload to
+//!   a staging key `stores/<sk>/tmp/<ulid>`, then moved to
+//!   `blobs/<hh>/<hash>` (`rename`: a real rename on a local filesystem, a
+//!   server-side copy plus delete on S3/GCS/Azure — no bytes travel twice
+//!   through the client), unless a blob with that hash already exists, in
+//!   which case the staging object is just deleted. Staging objects of a
+//!   crashed writer are removed by gc once older than its grace period.
+//!   (S3's single-request copy is limited to 5 GiB per object.)
+//!
+//! Blobs are written with `PutMode::Overwrite`: the content is identical by
+//! construction, so a racing second writer is harmless.
+
+use bytes::{Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
+use std::path::PathBuf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::paths::{self, BlobHash, StoreKey};
+use super::{Repository, map_store_error};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Transfer tuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferOptions {
+    /// How many blobs move at once (and how many parts of one upload are in
+    /// flight). Default 8.
+    pub parallelism: usize,
+    /// Blobs of at least this many bytes use the multipart staging path.
+    /// Default 8 MiB.
+    pub multipart_threshold: usize,
+    /// Multipart part size (S3 needs at least 5 MiB). Default 8 MiB.
+    pub part_size: usize,
+}
+
+impl Default for TransferOptions {
+    fn default() -> Self {
+        TransferOptions {
+            parallelism: 8,
+            multipart_threshold: 8 << 20,
+            part_size: 8 << 20,
+        }
+    }
+}
+
+/// A blob's identity: hash and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobRef {
+    /// blake3 of the bytes.
+    pub hash: BlobHash,
+    /// Length in bytes.
+    pub size: u64,
+}
+
+impl From<&super::FileEntry> for BlobRef {
+    fn from(f: &super::FileEntry) -> Self {
+        BlobRef {
+            hash: f.blake3,
+            size: f.size,
+        }
+    }
+}
+
+/// What a put did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutOutcome {
+    /// The stored blob.
+    pub blob: BlobRef,
+    /// `false` when a blob with that hash already existed and nothing was
+    /// uploaded.
+    pub uploaded: bool,
+}
+
+/// What `head` says about a stored blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlobInfo {
+    /// Stored size.
+    pub size: u64,
+    /// Last modified, ms since the epoch (the object store's clock).
+    pub last_modified_ms: i64,
+}
+
+impl Repository {
+    /// Stores `bytes` as a blob of store `sk`.
+    pub async fn put_blob_bytes(&self, sk: &StoreKey, bytes: Bytes) -> Result<PutOutcome> {
+        if bytes.len() >= self.transfer.multipart_threshold.max(1) {
+            return self.put_blob_reader(sk, &bytes[..]).await;
+        }
+        let hash = BlobHash::of(&bytes);
+        self.put_small(sk, hash, bytes).await
+    }
+
+    /// Stores the local file at `path` as a blob, reading it once.
+    pub async fn put_blob_file(&self, sk: &StoreKey, path: &std::path::Path) -> Result<PutOutcome> {
+        let file = tokio::fs::File::open(path).await.map_err(|e| {
+            Error::io(
+                format!("cannot open file to upload path=`{}`", path.display()),
+                e,
+            )
+        })?;
+        self.put_blob_reader(sk, file).await.map_err(|e| {
+            if e.kind() == ErrorKind::Io || e.kind() == ErrorKind::Corrupt {
+                Error::new(
+                    e.kind(),
+                    format!("{} path=`{}`", e.message(), path.display()),
+                )
+                .with_source(e)
+            } else {
+                e
+            }
+        })
+    }
+
+    /// Stores the files at `paths` with bounded parallelism; outcomes are in
+    /// input order.
+    pub async fn put_blob_files(
+        &self,
+        sk: &StoreKey,
+        files: &[PathBuf],
+    ) -> Result<Vec<PutOutcome>> {
+        futures::stream::iter((0..files.len()).map(|i| self.put_blob_file(sk, &files[i])))
+            .buffered(self.transfer.parallelism.max(1))
+            .try_collect()
+            .await
+    }
+
+    /// Stores everything `reader` yields as one blob, hashing while reading.
+    pub async fn put_blob_reader<R: AsyncRead + Unpin + Send>(
+        &self,
+        sk: &StoreKey,
+        mut reader: R,
+    ) -> Result<PutOutcome> {
+        let threshold = self.transfer.multipart_threshold.max(1);
+        let mut buf = BytesMut::with_capacity(threshold.min(1 << 20));
+        // Read up to the threshold: if the stream ends first, it is small.
+        while buf.len() < threshold {
+            buf.reserve((threshold - buf.len()).min(1 << 20));
+            let n = reader
+                .read_buf(&mut buf)
+                .await
+                .map_err(|e| Error::io("cannot read blob source", e))?;
+            if n == 0 {
+                let bytes = buf.freeze();
+                let hash = BlobHash::of(&bytes);
+                return self.put_small(sk, hash, bytes).await;
+            }
+        }
+        self.put_large(sk, buf, reader).await
+    }
+
+    async fn put_small(&self, sk: &StoreKey, hash: BlobHash, bytes: Bytes) -> Result<PutOutcome> {
+        let size = bytes.len() as u64;
+        let blob = BlobRef { hash, size };
+        let key = paths::blob(sk, &hash);
+        if let Some(info) = self.head_key(&key).await? {
+            if info.size == size {
+                return Ok(PutOutcome {
+                    blob,
+                    uploaded: false,
+                });
+            }
+            tracing::warn!(key = %key, stored = info.size, expected = size, "replacing blob of wrong size");
+        }
+        // Durable once put returns (LocalFileSystem fsyncs; object stores ack
+        // after persisting). Overwrite is safe: same key, same bytes.
+        self.store
+            .put(&key, PutPayload::from(bytes))
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot upload blob key=`{key}`")))?;
+        Ok(PutOutcome {
+            blob,
+            uploaded: true,
+        })
+    }
+
+    async fn put_large<R: AsyncRead + Unpin + Send>(
+        &self,
+        sk: &StoreKey,
+        first: BytesMut,
+        mut reader: R,
+    ) -> Result<PutOutcome> {
+        let staging = paths::staging(sk, super::commit::new_ulid(&*self.clock));
+        let upload = self
+            .store
+            .put_multipart(&staging)
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot start upload key=`{staging}`")))?;
+        let part_size = self.transfer.part_size.max(1);
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, part_size);
+        let mut hasher = blake3::Hasher::new();
+        let mut size = 0u64;
+        let streamed: Result<()> = async {
+            let mut chunk = first;
+            loop {
+                if !chunk.is_empty() {
+                    hasher.update(&chunk);
+                    size += chunk.len() as u64;
+                    writer
+                        .wait_for_capacity(self.transfer.parallelism.max(1))
+                        .await
+                        .map_err(|e| {
+                            map_store_error(e, &format!("cannot upload part key=`{staging}`"))
+                        })?;
+                    writer.put(chunk.freeze());
+                }
+                let mut next = BytesMut::with_capacity(part_size);
+                while next.len() < part_size {
+                    let n = reader
+                        .read_buf(&mut next)
+                        .await
+                        .map_err(|e| Error::io("cannot read blob source", e))?;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                if next.is_empty() {
+                    return Ok(());
+                }
+                chunk = next;
+            }
+        }
+        .await;
+        if let Err(e) = streamed {
+            let _ = writer.abort().await;
+            return Err(e);
+        }
+        if let Err(e) = writer.finish().await {
+            self.delete_quietly(&staging).await;
+            return Err(map_store_error(
+                e,
+                &format!("cannot complete upload key=`{staging}`"),
+            ));
+        }
+        let hash = BlobHash::from(hasher.finalize());
+        let blob = BlobRef { hash, size };
+        let key = paths::blob(sk, &hash);
+        let existing = match self.head_key(&key).await {
+            Ok(x) => x,
+            Err(e) => {
+                self.delete_quietly(&staging).await;
+                return Err(e);
+            }
+        };
+        if existing.is_some_and(|i| i.size == size) {
+            self.delete_quietly(&staging).await;
+            return Ok(PutOutcome {
+                blob,
+                uploaded: false,
+            });
+        }
+        // Server-side move into the content-addressed name.
+        if let Err(e) = self.store.rename(&staging, &key).await {
+            self.delete_quietly(&staging).await;
+            if matches!(e, object_store::Error::NotFound { .. }) {
+                return Err(Error::transient(format!(
+                    "staged upload disappeared before it was moved into place (gc removes staging \
+                     objects older than its grace period); retry from=`{staging}` to=`{key}`"
+                ))
+                .with_source(e));
+            }
+            return Err(map_store_error(
+                e,
+                &format!("cannot move staged blob from=`{staging}` to=`{key}`"),
+            ));
+        }
+        Ok(PutOutcome {
+            blob,
+            uploaded: true,
+        })
+    }
+
+    async fn delete_quietly(&self, key: &Path) {
+        if let Err(e) = self.store.delete(key).await {
+            tracing::debug!(key = %key, error = %e, "could not delete staging object; gc will");
+        }
+    }
+
+    pub(crate) async fn head_key(&self, key: &Path) -> Result<Option<BlobInfo>> {
+        match self.store.head(key).await {
+            Ok(m) => Ok(Some(BlobInfo {
+                size: m.size,
+                last_modified_ms: m.last_modified.timestamp_millis(),
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(map_store_error(
+                e,
+                &format!("cannot check object key=`{key}`"),
+            )),
+        }
+    }
+
+    /// Size and age of a stored blob, `None` if it does not exist.
+    pub async fn head_blob(&self, sk: &StoreKey, hash: &BlobHash) -> Result<Option<BlobInfo>> {
+        self.head_key(&paths::blob(sk, hash)).await
+    }
+
+    /// Opens blob `blob` for verified streaming reads.
+    pub async fn open_blob(&self, sk: &StoreKey, blob: &BlobRef) -> Result<BlobReader> {
+        let key = paths::blob(sk, &blob.hash);
+        let res = self.store.get(&key).await.map_err(|e| {
+            if matches!(e, object_store::Error::NotFound { .. }) {
+                Error::not_found(format!("blob is missing key=`{key}`")).with_source(e)
+            } else {
+                map_store_error(e, &format!("cannot read blob key=`{key}`"))
+            }
+        })?;
+        if res.meta.size != blob.size {
+            return Err(Error::corrupt(format!(
+                "blob has the wrong size key=`{key}` expected_size={} actual_size={}",
+                blob.size, res.meta.size
+            )));
+        }
+        Ok(BlobReader {
+            key,
+            expected: *blob,
+            stream: res.into_stream(),
+            hasher: blake3::Hasher::new(),
+            seen: 0,
+            done: false,
+        })
+    }
+
+    /// Reads a blob into memory, verifying size and hash.
+    pub async fn get_blob_bytes(&self, sk: &StoreKey, blob: &BlobRef) -> Result<Bytes> {
+        let cap = usize::try_from(blob.size).unwrap_or(0).min(64 << 20);
+        let mut out = BytesMut::with_capacity(cap);
+        let mut r = self.open_blob(sk, blob).await?;
+        while let Some(chunk) = r.next_chunk().await? {
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Downloads a blob to `dest`, verifying size and hash while streaming.
+    /// The bytes go to a temporary file next to `dest`, which is fsynced and
+    /// renamed into place only once verified; on any failure it is removed.
+    pub async fn get_blob_to_file(
+        &self,
+        sk: &StoreKey,
+        blob: &BlobRef,
+        dest: &std::path::Path,
+    ) -> Result<()> {
+        let parent = dest.parent().unwrap_or_else(|| std::path::Path::new("."));
+        tokio::fs::create_dir_all(parent).await.map_err(|e| {
+            Error::io(
+                format!("cannot create directory path=`{}`", parent.display()),
+                e,
+            )
+        })?;
+        let name = dest
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = parent.join(format!(
+            ".{name}.partial-{}",
+            super::commit::new_ulid(&*self.clock)
+        ));
+        let res = self.download_to(sk, blob, &tmp).await;
+        match res {
+            Ok(()) => tokio::fs::rename(&tmp, dest).await.map_err(|e| {
+                Error::io(
+                    format!(
+                        "cannot move downloaded blob into place path=`{}`",
+                        dest.display()
+                    ),
+                    e,
+                )
+            }),
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn download_to(
+        &self,
+        sk: &StoreKey,
+        blob: &BlobRef,
+        tmp: &std::path::Path,
+    ) -> Result<()> {
+        let mut r = self.open_blob(sk, blob).await?;
+        let file = tokio::fs::File::create(tmp)
+            .await
+            .map_err(|e| Error::io(format!("cannot create file path=`{}`", tmp.display()), e))?;
+        let mut w = tokio::io::BufWriter::with_capacity(1 << 20, file);
+        let werr = |e| Error::io(format!("cannot write file path=`{}`", tmp.display()), e);
+        while let Some(chunk) = r.next_chunk().await? {
+            w.write_all(&chunk).await.map_err(werr)?;
+        }
+        w.flush().await.map_err(werr)?;
+        // fsync before the rename so a crash never leaves a verified name
+        // pointing at unwritten bytes.
+        w.get_mut().sync_all().await.map_err(werr)
+    }
+
+    /// Downloads many blobs with bounded parallelism.
+    pub async fn get_blobs_to_files(
+        &self,
+        sk: &StoreKey,
+        items: &[(BlobRef, PathBuf)],
+    ) -> Result<()> {
+        futures::stream::iter(
+            (0..items.len()).map(|i| self.get_blob_to_file(sk, &items[i].0, &items[i].1)),
+        )
+        .buffer_unordered(self.transfer.parallelism.max(1))
+        .try_collect::<()>()
+        .await
+    }
+}
+
+/// A verified streaming read of one blob: chunks are handed out as they
+/// arrive (unverified until the end), and the final call returns an error
+/// instead of `None` if the size or hash does not match, so a consumer that
+/// reads to the end never accepts bad bytes.
+pub struct BlobReader {
+    key: Path,
+    expected: BlobRef,
+    stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    hasher: blake3::Hasher,
+    seen: u64,
+    done: bool,
+}
+
+impl std::fmt::Debug for BlobReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobReader")
+            .field("key", &self.key)
+            .field("seen", &self.seen)
+            .finish()
+    }
+}
+
+impl BlobReader {
+    /// The next chunk, `None` at the verified end.
+    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        if self.done {
+            return Ok(None);
+        }
+        let key = &self.key;
+        match self.stream.next().await {
+            Some(chunk) => {
+                let chunk = chunk
+                    .map_err(|e| map_store_error(e, &format!("cannot read blob key=`{key}`")))?;
+                self.seen += chunk.len() as u64;
+                if self.seen > self.expected.size {
+                    return Err(Error::corrupt(format!(
+                        "blob is longer than expected key=`{key}` expected_size={}",
+                        self.expected.size
+                    )));
+                }
+                self.hasher.update(&chunk);
+                Ok(Some(chunk))
+            }
+            None => {
+                self.done = true;
+                if self.seen != self.expected.size {
+                    return Err(Error::corrupt(format!(
+                        "blob is truncated key=`{key}` expected_size={} actual_size={}",
+                        self.expected.size, self.seen
+                    )));
+                }
+                let actual = BlobHash::from(self.hasher.finalize());
+                if actual != self.expected.hash {
+                    return Err(Error::corrupt(format!(
+                        "blob hash mismatch key=`{key}` expected=`{}` actual=`{actual}`",
+                        self.expected.hash
+                    )));
+                }
+                Ok(None)
+            }
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Catalog queries: which snapshots exist and which one to use.
+//!
+//! Listing order of object stores is unspecified, so every result is sorted
+//! by `(offset, snapshot id)` here. A manifest that cannot be read is
+//! reported in [`Listing::unreadable`] with the reason, never silently
+//! dropped and never fatal to the listing.
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+
+use super::manifest::Manifest;
+use super::paths::{self, ManifestName, SnapshotId, StoreKey};
+use super::{Repository, map_store_error};
+use crate::error::{Error, ErrorKind, Result};
+
+/// A committed, verified snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotInfo {
+    /// Object key of the manifest.
+    pub key: String,
+    /// The decoded manifest.
+    pub manifest: Manifest,
+}
+
+impl SnapshotInfo {
+    /// Snapshot id.
+    pub fn id(&self) -> SnapshotId {
+        self.manifest.snapshot_id
+    }
+    /// Last changelog offset included.
+    pub fn offset(&self) -> u64 {
+        self.manifest.changelog.offset
+    }
+}
+
+/// An object under `manifests/` that is not a usable manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableManifest {
+    /// Object key.
+    pub key: String,
+    /// Why: `corrupt` (bad bytes), `config` (newer format or unknown required
+    /// feature), `transient` (read failed; retry).
+    pub kind: ErrorKind,
+    /// The error message.
+    pub reason: String,
+}
+
+/// The snapshots of one store.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Listing {
+    /// Valid snapshots, sorted by `(offset, id)`, oldest first.
+    pub snapshots: Vec<SnapshotInfo>,
+    /// Manifests that could not be used.
+    pub unreadable: Vec<UnreadableManifest>,
+}
+
+impl Listing {
+    /// The newest valid snapshot.
+    pub fn latest(&self) -> Option<&SnapshotInfo> {
+        self.snapshots.last()
+    }
+    /// The newest valid snapshot whose offset is `<= offset`.
+    pub fn at_or_before(&self, offset: u64) -> Option<&SnapshotInfo> {
+        self.snapshots.iter().rev().find(|s| s.offset() <= offset)
+    }
+}
+
+/// A manifest key found by listing, not yet read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestKey {
+    /// Offset and id parsed from the key.
+    pub name: ManifestName,
+    /// The key.
+    pub key: Path,
+}
+
+impl Repository {
+    /// Lists manifest keys of `sk` without reading them, sorted by
+    /// `(offset, id)`; objects under `manifests/` that are not manifest keys
+    /// come back as unreadable.
+    pub async fn list_manifest_keys(
+        &self,
+        sk: &StoreKey,
+    ) -> Result<(Vec<ManifestKey>, Vec<UnreadableManifest>)> {
+        let prefix = paths::manifests_prefix(sk);
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot list manifests prefix=`{prefix}`")))?;
+        let mut keys = Vec::new();
+        let mut foreign = Vec::new();
+        for m in metas {
+            match paths::parse_manifest(&m.location) {
+                Some((k, name)) if &k == sk => keys.push(ManifestKey {
+                    name,
+                    key: m.location,
+                }),
+                _ => foreign.push(UnreadableManifest {
+                    key: m.location.to_string(),
+                    kind: ErrorKind::Corrupt,
+                    reason: "not a manifest key (foreign object under manifests/)".into(),
+                }),
+            }
+        }
+        keys.sort_by_key(|a| a.name);
+        foreign.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok((keys, foreign))
+    }
+
+    /// Reads and verifies one manifest.
+    pub async fn read_manifest(&self, key: &Path) -> Result<Manifest> {
+        let bytes = self
+            .store
+            .get(key)
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot read manifest key=`{key}`")))?
+            .bytes()
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot read manifest key=`{key}`")))?;
+        Manifest::decode(key.as_ref(), &bytes)
+    }
+
+    /// Lists the snapshots of `sk`, reading every manifest (bounded
+    /// parallelism). A manifest deleted while listing is skipped.
+    pub async fn list_snapshots(&self, sk: &StoreKey) -> Result<Listing> {
+        let (keys, mut unreadable) = self.list_manifest_keys(sk).await?;
+        let results: Vec<(ManifestKey, Result<Manifest>)> = futures::stream::iter(keys)
+            .map(|k| async move {
+                let r = self.read_manifest(&k.key).await;
+                (k, r)
+            })
+            .buffer_unordered(self.transfer.parallelism.max(1) * 4)
+            .collect()
+            .await;
+        let mut snapshots = Vec::new();
+        for (k, r) in results {
+            match r {
+                Ok(manifest) => snapshots.push(SnapshotInfo {
+                    key: k.key.to_string(),
+                    manifest,
+                }),
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => unreadable.push(UnreadableManifest {
+                    key: k.key.to_string(),
+                    kind: e.kind(),
+                    reason: e.message().to_owned(),
+                }),
+            }
+        }
+        snapshots.sort_by_key(|a| a.manifest.name());
+        unreadable.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(Listing {
+            snapshots,
+            unreadable,
+        })
+    }
+
+    /// The newest valid snapshot of `sk`.
+    pub async fn latest(&self, sk: &StoreKey) -> Result<Option<SnapshotInfo>> {
+        Ok(self.list_snapshots(sk).await?.latest().cloned())
+    }
+
+    /// The newest valid snapshot of `sk` with offset `<= offset`.
+    pub async fn at_or_before(&self, sk: &StoreKey, offset: u64) -> Result<Option<SnapshotInfo>> {
+        Ok(self.list_snapshots(sk).await?.at_or_before(offset).cloned())
+    }
+
+    async fn find_manifest_key(&self, sk: &StoreKey, id: SnapshotId) -> Result<ManifestKey> {
+        let (keys, _) = self.list_manifest_keys(sk).await?;
+        keys.into_iter().find(|k| k.name.id == id).ok_or_else(|| {
+            Error::not_found(format!(
+                "no such snapshot store_key=`{sk}` snapshot_id=`{id}`"
+            ))
+        })
+    }
+
+    /// The snapshot `id` of `sk`.
+    pub async fn get_snapshot(&self, sk: &StoreKey, id: SnapshotId) -> Result<SnapshotInfo> {
+        let k = self.find_manifest_key(sk, id).await?;
+        let manifest = self.read_manifest(&k.key).await?;
+        Ok(SnapshotInfo {
+            key: k.key.to_string(),
+            manifest,
+        })
+    }
+
+    /// Deletes snapshot `id` of `sk` (its manifest; blobs go with gc).
+    pub async fn delete_snapshot(&self, sk: &StoreKey, id: SnapshotId) -> Result<()> {
+        let k = self.find_manifest_key(sk, id).await?;
+        self.store
+            .delete(&k.key)
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot delete manifest key=`{}`", k.key)))
+    }
+
+    /// Every store partition with a folder in the repository, sorted.
+    pub async fn list_stores(&self) -> Result<Vec<StoreKey>> {
+        let prefix = paths::stores_prefix();
+        let res = self
+            .store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot list stores prefix=`{prefix}`")))?;
+        let mut out: Vec<StoreKey> = res
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().and_then(StoreKey::parse))
+            .collect();
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+}

@@ -1,0 +1,441 @@
+//! Garbage collection of unreferenced blobs: two-phase mark-and-sweep with
+//! condemnation records (design invariant 8). `docs/gc.md` has the safety
+//! argument; in short:
+//!
+//! * a run lists blobs first, then (after sealing condemnation records)
+//!   lists and reads every manifest;
+//! * **mark**: blobs older than the grace period and referenced by no
+//!   manifest are not deleted but *condemned*: listed in a record
+//!   `stores/<sk>/gc/<ulid>.json`, which is then *sealed* with the time it
+//!   was seen durable;
+//! * **sweep**: a later run deletes a condemned blob only if its record was
+//!   sealed at least one grace period before that run's manifest listing
+//!   began, and no manifest in that listing references it;
+//! * a snapshot writer reads the records before its final `head` re-check
+//!   and refuses blobs condemned more than its commit budget ago, and its
+//!   whole commit fits in that budget, which is well below the grace period.
+//!
+//! Retention-dropped manifests are deleted before the mark phase, so their
+//! blobs are condemned in the same run and swept one grace period later.
+
+use futures::TryStreamExt;
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::catalog::UnreadableManifest;
+use super::paths::{self, BlobHash, ParsedKey, SnapshotId, StoreKey};
+use super::retention::{self, RetentionPolicy};
+use super::{Repository, map_store_error};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Format version of condemnation records.
+pub const GC_RECORD_FORMAT_VERSION: u64 = 1;
+
+/// One condemned blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CondemnedBlob {
+    /// Its hash.
+    pub blake3: BlobHash,
+    /// Its size.
+    pub size: u64,
+}
+
+/// `stores/<sk>/gc/<ulid>.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CondemnationRecord {
+    /// [`GC_RECORD_FORMAT_VERSION`].
+    pub format_version: u64,
+    /// Gc clock reading taken before the record was first written.
+    pub condemned_at: i64,
+    /// Gc clock reading taken after the record was seen durable; `None`
+    /// until then. Sweeping is measured from here.
+    pub sealed_at: Option<i64>,
+    /// The condemned blobs.
+    pub blobs: Vec<CondemnedBlob>,
+}
+
+/// How gc runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcOptions {
+    /// Blobs younger than this are never condemned, and condemned blobs are
+    /// swept no earlier than this after their record was sealed. Default 1 h.
+    /// Must be at least twice the repository's `max_commit_duration`.
+    pub grace: Duration,
+    /// Retention to apply first (dropped manifests are deleted), if any.
+    pub retention: Option<RetentionPolicy>,
+    /// Change nothing; report what would happen.
+    pub dry_run: bool,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            grace: Duration::from_secs(3600),
+            retention: None,
+            dry_run: false,
+        }
+    }
+}
+
+/// What one gc run did (or, in a dry run, would do) to one store.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GcReport {
+    /// Store partition.
+    pub store_key: Option<StoreKey>,
+    /// Whether nothing was changed.
+    pub dry_run: bool,
+    /// Blobs listed, and their bytes.
+    pub blobs_listed: usize,
+    /// Bytes of listed blobs.
+    pub bytes_listed: u64,
+    /// Distinct blobs referenced by kept manifests.
+    pub blobs_referenced: usize,
+    /// Manifests deleted by retention.
+    pub manifests_deleted: Vec<(SnapshotId, String)>,
+    /// Blobs condemned by this run (deleted by a later one).
+    pub blobs_condemned: Vec<CondemnedBlob>,
+    /// Bytes condemned.
+    pub bytes_condemned: u64,
+    /// Blobs deleted (swept) by this run.
+    pub blobs_deleted: Vec<CondemnedBlob>,
+    /// Bytes deleted.
+    pub bytes_deleted: u64,
+    /// Condemned blobs spared because a manifest references them again.
+    pub blobs_spared: usize,
+    /// Records sealed by this run.
+    pub records_sealed: usize,
+    /// Records swept and removed by this run.
+    pub records_swept: usize,
+    /// Unreadable condemnation records removed (releasing is always safe).
+    pub records_dropped: usize,
+    /// Staging objects of crashed uploads deleted.
+    pub staging_deleted: usize,
+    /// Corrupt manifests (ignored, not deleted).
+    pub unreadable: Vec<UnreadableManifest>,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+async fn read_records(
+    repo: &Repository,
+    sk: &StoreKey,
+) -> Result<(
+    Vec<(object_store::path::Path, CondemnationRecord)>,
+    Vec<object_store::path::Path>,
+)> {
+    let prefix = paths::gc_prefix(sk);
+    let metas: Vec<_> = repo
+        .store
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(|e| map_store_error(e, &format!("cannot list gc records prefix=`{prefix}`")))?;
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for m in metas {
+        if !matches!(paths::parse(&m.location), Some(ParsedKey::GcRecord(ref k, _)) if k == sk) {
+            continue;
+        }
+        let bytes = match repo.store.get(&m.location).await {
+            Ok(r) => r.bytes().await,
+            Err(e) => Err(e),
+        };
+        let bytes = match bytes {
+            Ok(b) => b,
+            Err(object_store::Error::NotFound { .. }) => continue,
+            Err(e) => {
+                return Err(map_store_error(
+                    e,
+                    &format!("cannot read gc record key=`{}`", m.location),
+                ));
+            }
+        };
+        let value: serde_json::Value = match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(_) => {
+                bad.push(m.location);
+                continue;
+            }
+        };
+        match value
+            .get("format_version")
+            .and_then(serde_json::Value::as_u64)
+        {
+            Some(GC_RECORD_FORMAT_VERSION) => {}
+            Some(v) => {
+                return Err(Error::config(format!(
+                    "unsupported gc record format version: upgrade statesnap key=`{}` \
+                     format_version={v} supported={GC_RECORD_FORMAT_VERSION}",
+                    m.location
+                )));
+            }
+            None => {
+                bad.push(m.location);
+                continue;
+            }
+        }
+        match serde_json::from_value::<CondemnationRecord>(value) {
+            Ok(r) => good.push((m.location, r)),
+            Err(_) => bad.push(m.location),
+        }
+    }
+    Ok((good, bad))
+}
+
+/// Blobs of `sk` under condemnation, with the earliest `condemned_at`. A
+/// record that cannot be parsed condemns nothing (no sweep can act on it).
+pub(crate) async fn condemned_blobs(
+    repo: &Repository,
+    sk: &StoreKey,
+) -> Result<BTreeMap<BlobHash, i64>> {
+    let (records, _) = read_records(repo, sk).await?;
+    let mut out: BTreeMap<BlobHash, i64> = BTreeMap::new();
+    for (_, r) in records {
+        for b in r.blobs {
+            let e = out.entry(b.blake3).or_insert(r.condemned_at);
+            *e = (*e).min(r.condemned_at);
+        }
+    }
+    Ok(out)
+}
+
+fn encode_record(r: &CondemnationRecord) -> Result<PutPayload> {
+    serde_json::to_vec_pretty(r)
+        .map(PutPayload::from)
+        .map_err(|e| Error::internal("cannot serialize gc record").with_source(e))
+}
+
+impl Repository {
+    /// Runs gc on every store of the repository.
+    pub async fn gc(&self, opts: &GcOptions) -> Result<Vec<GcReport>> {
+        let mut out = Vec::new();
+        for sk in self.list_stores().await? {
+            out.push(self.gc_store(&sk, opts).await?);
+        }
+        Ok(out)
+    }
+
+    /// Runs one gc pass (retention, sweep of ripe records, mark) on `sk`.
+    pub async fn gc_store(&self, sk: &StoreKey, opts: &GcOptions) -> Result<GcReport> {
+        let grace = ms(opts.grace);
+        let budget = ms(self.max_commit_duration);
+        if grace <= 0 || budget.saturating_mul(2) > grace {
+            return Err(Error::config(format!(
+                "gc grace period must be positive and at least twice the commit budget grace_ms={grace} \
+                 max_commit_ms={budget}"
+            )));
+        }
+        let dry = opts.dry_run;
+        let mut report = GcReport {
+            store_key: Some(sk.clone()),
+            dry_run: dry,
+            ..Default::default()
+        };
+        let t_start = self.clock.now_ms();
+
+        // (1) Blobs first: anything uploaded after this listing is not a
+        // candidate in this run.
+        let prefix = paths::store_prefix(sk);
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot list store prefix=`{prefix}`")))?;
+        let mut blobs: BTreeMap<BlobHash, (u64, i64)> = BTreeMap::new();
+        let mut staging = Vec::new();
+        for m in &metas {
+            match paths::parse(&m.location) {
+                Some(ParsedKey::Blob(k, h)) if &k == sk => {
+                    blobs.insert(h, (m.size, m.last_modified.timestamp_millis()));
+                }
+                Some(ParsedKey::Staging(k, _))
+                    if &k == sk
+                        && m.last_modified.timestamp_millis() < t_start.saturating_sub(grace) =>
+                {
+                    staging.push(m.location.clone());
+                }
+                _ => {}
+            }
+        }
+        report.blobs_listed = blobs.len();
+        report.bytes_listed = blobs.values().map(|(s, _)| s).sum();
+
+        // (2) Condemnation records; seal the unsealed ones with a clock
+        // reading taken after they were seen.
+        let (mut records, bad) = read_records(self, sk).await?;
+        let t_seen = self.clock.now_ms();
+        for (key, rec) in &mut records {
+            if rec.sealed_at.is_none() {
+                rec.sealed_at = Some(t_seen);
+                report.records_sealed += 1;
+                if !dry {
+                    self.store
+                        .put(key, encode_record(rec)?)
+                        .await
+                        .map_err(|e| {
+                            map_store_error(e, &format!("cannot seal gc record key=`{key}`"))
+                        })?;
+                }
+            }
+        }
+        for key in bad {
+            report.records_dropped += 1;
+            if !dry {
+                self.delete_ignoring_missing(&key).await?;
+            }
+        }
+
+        // (3) Manifests, listed only now. Anything we cannot understand
+        // (newer format, read failure) might reference any blob: stop.
+        let t_list = self.clock.now_ms();
+        let listing = self.list_snapshots(sk).await?;
+        if let Some(u) = listing
+            .unreadable
+            .iter()
+            .find(|u| u.kind != ErrorKind::Corrupt)
+        {
+            let msg = format!(
+                "gc stopped: a manifest could not be understood, so its blobs cannot be \
+                     ruled unreferenced key=`{}` reason=`{}`",
+                u.key, u.reason
+            );
+            return Err(if u.kind == ErrorKind::Transient {
+                Error::transient(msg)
+            } else {
+                Error::config(msg)
+            });
+        }
+        report.unreadable = listing.unreadable.clone();
+
+        // (4) Retention: delete dropped manifests before their blobs can be
+        // condemned.
+        let mut kept = listing.snapshots.clone();
+        if let Some(policy) = &opts.retention {
+            let plan = retention::plan(&listing.snapshots, policy, self.clock.now_ms());
+            let mut still = Vec::new();
+            for s in kept {
+                if plan.drops(s.id()) {
+                    if !dry {
+                        self.delete_ignoring_missing(&object_store::path::Path::from(
+                            s.key.as_str(),
+                        ))
+                        .await?;
+                    }
+                    report.manifests_deleted.push((s.id(), s.key.clone()));
+                } else {
+                    still.push(s);
+                }
+            }
+            kept = still;
+        }
+        let referenced: BTreeSet<BlobHash> = kept
+            .iter()
+            .flat_map(|s| s.manifest.files.iter().map(|f| f.blake3))
+            .collect();
+        report.blobs_referenced = referenced.len();
+
+        // (5) Sweep records sealed at least one grace period before the
+        // manifest listing began.
+        let mut pending: BTreeSet<BlobHash> = BTreeSet::new();
+        let mut swept: BTreeSet<BlobHash> = BTreeSet::new();
+        for (key, rec) in &records {
+            let ripe = rec
+                .sealed_at
+                .is_some_and(|s| s.saturating_add(grace) <= t_list);
+            if !ripe {
+                pending.extend(rec.blobs.iter().map(|b| b.blake3));
+                continue;
+            }
+            for b in &rec.blobs {
+                if referenced.contains(&b.blake3) {
+                    report.blobs_spared += 1;
+                    continue;
+                }
+                if swept.insert(b.blake3) {
+                    if !dry {
+                        self.delete_ignoring_missing(&paths::blob(sk, &b.blake3))
+                            .await?;
+                    }
+                    report.bytes_deleted += b.size;
+                    report.blobs_deleted.push(*b);
+                }
+            }
+            // Only after its blobs are gone (a writer that finds no record
+            // must then find the blob missing).
+            if !dry {
+                self.delete_ignoring_missing(key).await?;
+            }
+            report.records_swept += 1;
+        }
+
+        // (6) Mark: old, unreferenced, not yet condemned.
+        let cutoff = t_start.saturating_sub(grace);
+        let victims: Vec<CondemnedBlob> = blobs
+            .iter()
+            .filter(|(h, (_, modified))| {
+                *modified < cutoff
+                    && !referenced.contains(h)
+                    && !pending.contains(h)
+                    && !swept.contains(h)
+            })
+            .map(|(h, (size, _))| CondemnedBlob {
+                blake3: *h,
+                size: *size,
+            })
+            .collect();
+        if !victims.is_empty() {
+            report.bytes_condemned = victims.iter().map(|b| b.size).sum();
+            if !dry {
+                let key = paths::gc_record(sk, super::commit::new_ulid(&*self.clock));
+                let mut rec = CondemnationRecord {
+                    format_version: GC_RECORD_FORMAT_VERSION,
+                    condemned_at: self.clock.now_ms(),
+                    sealed_at: None,
+                    blobs: victims.clone(),
+                };
+                let create = PutOptions {
+                    mode: PutMode::Create,
+                    ..Default::default()
+                };
+                self.store
+                    .put_opts(&key, encode_record(&rec)?, create)
+                    .await
+                    .map_err(|e| {
+                        map_store_error(e, &format!("cannot write gc record key=`{key}`"))
+                    })?;
+                // Seen durable: seal now (a crash here leaves it to the next
+                // run to seal).
+                rec.sealed_at = Some(self.clock.now_ms());
+                self.store
+                    .put(&key, encode_record(&rec)?)
+                    .await
+                    .map_err(|e| {
+                        map_store_error(e, &format!("cannot seal gc record key=`{key}`"))
+                    })?;
+                report.records_sealed += 1;
+            }
+            report.blobs_condemned = victims;
+        }
+
+        // (7) Staging objects of crashed large uploads.
+        for key in staging {
+            report.staging_deleted += 1;
+            if !dry {
+                self.delete_ignoring_missing(&key).await?;
+            }
+        }
+        Ok(report)
+    }
+
+    async fn delete_ignoring_missing(&self, key: &object_store::path::Path) -> Result<()> {
+        match self.store.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(map_store_error(e, &format!("cannot delete key=`{key}`"))),
+        }
+    }
+}

@@ -1,0 +1,521 @@
+//! Manifest v1: the JSON document that *is* a snapshot (design invariant 3: a
+//! snapshot exists iff its manifest exists). Documented field by field in
+//! `docs/format.md`, section "Repository and manifest v1".
+//!
+//! Decoding checks, in order: the `format_version` (unknown → config error
+//! naming both versions), the `checksum` (blake3 of the canonical body;
+//! mismatch → corrupt), the typed shape (→ corrupt), `required_features`
+//! (unknown → config error naming them), and the semantic rules (key/body
+//! agreement, safe relative file paths, no duplicate paths → corrupt).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::{Component, PathBuf};
+
+use super::paths::{self, BlobHash, ManifestName, SnapshotId, StoreKey};
+use crate::changelog::Lineage;
+use crate::error::{Error, Result};
+
+/// The manifest format version this build writes and reads.
+pub const MANIFEST_FORMAT_VERSION: u64 = 1;
+
+/// Features this build understands; a manifest listing any other entry in
+/// `required_features` is refused.
+pub const SUPPORTED_FEATURES: &[&str] = &[];
+
+/// Longest file path inside a snapshot, in bytes.
+pub const MAX_FILE_PATH_LEN: usize = 1024;
+
+/// Where in the changelog a snapshot is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangelogPosition {
+    /// Changelog topic.
+    pub topic: String,
+    /// Changelog partition.
+    pub partition: u32,
+    /// The last changelog offset whose effect the snapshot includes.
+    pub offset: u64,
+    /// The changelog incarnation the offset belongs to.
+    pub lineage: Lineage,
+}
+
+/// Which store format wrote the files, and its version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreFormatId {
+    /// Format name, e.g. `rocksdb` or `portable`.
+    pub name: String,
+    /// Format version.
+    pub version: u32,
+}
+
+/// One file of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Relative path inside the restore directory (validated, `/`-separated).
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// blake3 of the bytes; also the blob's name.
+    pub blake3: BlobHash,
+}
+
+/// Counters for humans and planners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SnapshotStats {
+    /// Live keys in the snapshot.
+    pub keys: u64,
+    /// Logical bytes (keys + values).
+    pub logical_bytes: u64,
+    /// Bytes this snapshot uploaded.
+    pub bytes_uploaded: u64,
+    /// Bytes of blobs reused from earlier snapshots.
+    pub bytes_reused: u64,
+}
+
+/// What a snapshot writer supplies; [`super::Repository::commit`] adds the
+/// id, `created_at`, format version and checksum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManifestDraft {
+    /// Which store partition.
+    pub store_key: StoreKey,
+    /// Changelog position the data matches exactly.
+    pub changelog: ChangelogPosition,
+    /// Store format.
+    pub store_format: StoreFormatId,
+    /// The snapshot this one was derived from, if any (informational).
+    pub parent: Option<SnapshotId>,
+    /// Snapshots whose data this one needs to restore (e.g. a delta's base).
+    pub depends_on: Vec<SnapshotId>,
+    /// Files, each a blob that must already be stored.
+    pub files: Vec<FileEntry>,
+    /// Counters.
+    pub stats: SnapshotStats,
+    /// Free-form, per store format.
+    pub format_metadata: serde_json::Value,
+    /// Features a reader must understand to use this manifest.
+    pub required_features: Vec<String>,
+}
+
+/// A decoded, verified manifest (v1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`MANIFEST_FORMAT_VERSION`].
+    pub format_version: u64,
+    /// Snapshot id (ULID).
+    pub snapshot_id: SnapshotId,
+    /// Store partition.
+    pub store_key: StoreKey,
+    /// Changelog position.
+    pub changelog: ChangelogPosition,
+    /// Store format.
+    pub store_format: StoreFormatId,
+    /// Creation time, ms since the epoch, from the writer's injected clock.
+    pub created_at: i64,
+    /// Derived-from snapshot (informational).
+    pub parent: Option<SnapshotId>,
+    /// Snapshots this one needs to restore; retention keeps them.
+    pub depends_on: Vec<SnapshotId>,
+    /// Files.
+    pub files: Vec<FileEntry>,
+    /// Counters.
+    pub stats: SnapshotStats,
+    /// Free-form per store format.
+    pub format_metadata: serde_json::Value,
+    /// Features a reader must understand.
+    pub required_features: Vec<String>,
+    /// blake3 hex of the canonical body (see [`Manifest::canonical_body`]).
+    pub checksum: String,
+}
+
+impl Manifest {
+    /// Builds a manifest from a draft and seals it (computes its checksum).
+    pub fn from_draft(
+        draft: ManifestDraft,
+        snapshot_id: SnapshotId,
+        created_at: i64,
+    ) -> Result<Self> {
+        let mut m = Manifest {
+            format_version: MANIFEST_FORMAT_VERSION,
+            snapshot_id,
+            store_key: draft.store_key,
+            changelog: draft.changelog,
+            store_format: draft.store_format,
+            created_at,
+            parent: draft.parent,
+            depends_on: draft.depends_on,
+            files: draft.files,
+            stats: draft.stats,
+            format_metadata: draft.format_metadata,
+            required_features: draft.required_features,
+            checksum: String::new(),
+        };
+        m.validate()?;
+        m.seal()?;
+        Ok(m)
+    }
+
+    /// The key name (offset and id).
+    pub fn name(&self) -> ManifestName {
+        ManifestName {
+            offset: self.changelog.offset,
+            id: self.snapshot_id,
+        }
+    }
+
+    /// The object key of this manifest.
+    pub fn key(&self) -> object_store::path::Path {
+        paths::manifest(&self.store_key, self.name())
+    }
+
+    /// The canonical body: the JSON object without `checksum`, with keys
+    /// sorted, no whitespace (as `serde_json` writes a `Value`).
+    pub fn canonical_body(value: &serde_json::Value) -> Result<Vec<u8>> {
+        let mut body = value.clone();
+        if let Some(obj) = body.as_object_mut() {
+            obj.remove("checksum");
+        }
+        let canonical = sort_keys(body);
+        serde_json::to_vec(&canonical)
+            .map_err(|e| Error::internal("cannot serialize manifest body").with_source(e))
+    }
+
+    /// Recomputes and stores the checksum.
+    pub fn seal(&mut self) -> Result<()> {
+        let v = serde_json::to_value(&*self)
+            .map_err(|e| Error::internal("cannot serialize manifest").with_source(e))?;
+        self.checksum = blake3::hash(&Self::canonical_body(&v)?)
+            .to_hex()
+            .to_string();
+        Ok(())
+    }
+
+    /// Encodes as JSON (after [`Manifest::seal`]).
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let v = serde_json::to_value(self)
+            .map_err(|e| Error::internal("cannot serialize manifest").with_source(e))?;
+        serde_json::to_vec_pretty(&sort_keys(v))
+            .map_err(|e| Error::internal("cannot serialize manifest").with_source(e))
+    }
+
+    /// Decodes and verifies the manifest stored at `key`.
+    pub fn decode(key: &str, bytes: &[u8]) -> Result<Self> {
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+            Error::corrupt(format!(
+                "manifest is not valid json (truncated?) key=`{key}` length={}",
+                bytes.len()
+            ))
+            .with_source(e)
+        })?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| Error::corrupt(format!("manifest is not a json object key=`{key}`")))?;
+        let version = obj
+            .get("format_version")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| {
+                Error::corrupt(format!(
+                    "manifest has no numeric format_version key=`{key}`"
+                ))
+            })?;
+        if version != MANIFEST_FORMAT_VERSION {
+            return Err(Error::config(format!(
+                "unsupported manifest format version: upgrade statesnap key=`{key}` \
+                 format_version={version} supported={MANIFEST_FORMAT_VERSION}"
+            )));
+        }
+        let stored = obj
+            .get("checksum")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let actual = blake3::hash(&Self::canonical_body(&value)?)
+            .to_hex()
+            .to_string();
+        if stored != actual {
+            return Err(Error::corrupt(format!(
+                "manifest checksum mismatch key=`{key}` stored=`{}` computed=`{actual}`",
+                stored.escape_debug()
+            )));
+        }
+        let m: Manifest = serde_json::from_value(value).map_err(|e| {
+            Error::corrupt(format!("manifest has an invalid shape key=`{key}`")).with_source(e)
+        })?;
+        let unknown: Vec<&str> = m
+            .required_features
+            .iter()
+            .map(String::as_str)
+            .filter(|f| !SUPPORTED_FEATURES.contains(f))
+            .collect();
+        if !unknown.is_empty() {
+            return Err(Error::config(format!(
+                "manifest requires features this statesnap does not understand: upgrade statesnap \
+                 key=`{key}` unknown_features=`{}`",
+                unknown.join(",")
+            )));
+        }
+        m.validate()
+            .map_err(|e| Error::corrupt(format!("{} key=`{key}`", e.message())))?;
+        if let Some((sk, name)) = paths::parse_manifest(&object_store::path::Path::from(key))
+            && (sk != m.store_key || name != m.name())
+        {
+            return Err(Error::corrupt(format!(
+                "manifest body does not match its key key=`{key}` body_store_key=`{}` \
+                     body_offset={} body_id=`{}`",
+                m.store_key, m.changelog.offset, m.snapshot_id
+            )));
+        }
+        Ok(m)
+    }
+
+    /// Semantic checks: every file path is safe, no duplicates.
+    pub fn validate(&self) -> Result<()> {
+        let mut seen = BTreeSet::new();
+        for f in &self.files {
+            validate_file_path(&f.path)?;
+            if !seen.insert(f.path.as_str()) {
+                return Err(Error::config(format!(
+                    "duplicate file path in manifest path=`{}`",
+                    f.path.escape_debug()
+                )));
+            }
+        }
+        if self.depends_on.contains(&self.snapshot_id) {
+            return Err(Error::config(format!(
+                "manifest depends on itself snapshot_id=`{}`",
+                self.snapshot_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Joins `path` (a manifest file path) onto `target_dir`, refusing any
+    /// path that could land outside it.
+    pub fn file_path_within(target_dir: &std::path::Path, path: &str) -> Result<PathBuf> {
+        validate_file_path(path)?;
+        let mut out = target_dir.to_path_buf();
+        for part in path.split('/') {
+            out.push(part);
+        }
+        // Belt and braces: only normal components were added.
+        let added = out.strip_prefix(target_dir).map_err(|_| {
+            Error::internal(format!(
+                "joined path escaped target path=`{}`",
+                path.escape_debug()
+            ))
+        })?;
+        if !added
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+        {
+            return Err(Error::internal(format!(
+                "joined path has non-normal components path=`{}`",
+                path.escape_debug()
+            )));
+        }
+        Ok(out)
+    }
+
+    /// Distinct blobs named by the manifest.
+    pub fn blobs(&self) -> Vec<(BlobHash, u64)> {
+        let mut set = std::collections::BTreeMap::new();
+        for f in &self.files {
+            set.insert(f.blake3, f.size);
+        }
+        set.into_iter().collect()
+    }
+}
+
+/// Rejects any path that is not a plain relative `/`-separated path of
+/// normal names: no `..`, `.`, empty components, absolute or drive paths,
+/// backslashes, NUL or control characters; at most [`MAX_FILE_PATH_LEN`] bytes.
+pub fn validate_file_path(path: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::config(format!(
+            "unsafe file path in manifest: {why} path=`{}`",
+            path.escape_debug()
+        )))
+    };
+    if path.is_empty() {
+        return bad("empty");
+    }
+    if path.len() > MAX_FILE_PATH_LEN {
+        return bad("too long");
+    }
+    if path.chars().any(char::is_control) {
+        return bad("control character");
+    }
+    if path.contains('\\') {
+        return bad("backslash");
+    }
+    if path.starts_with('/') {
+        return bad("absolute");
+    }
+    for part in path.split('/') {
+        match part {
+            "" => return bad("empty component"),
+            "." | ".." => return bad("dot component"),
+            _ => {}
+        }
+        if part.contains(':') {
+            return bad("drive or stream separator `:`");
+        }
+        if part.len() > 255 {
+            return bad("component too long");
+        }
+    }
+    Ok(())
+}
+
+fn sort_keys(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sort_keys).collect()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    pub(crate) fn draft(sk: &StoreKey, offset: u64, files: Vec<FileEntry>) -> ManifestDraft {
+        ManifestDraft {
+            store_key: sk.clone(),
+            changelog: ChangelogPosition {
+                topic: "app-s-changelog".into(),
+                partition: sk.partition(),
+                offset,
+                lineage: Lineage("lin".into()),
+            },
+            store_format: StoreFormatId {
+                name: "test".into(),
+                version: 1,
+            },
+            parent: None,
+            depends_on: vec![],
+            files,
+            stats: SnapshotStats::default(),
+            format_metadata: serde_json::json!({"z": 1, "a": [1.5, {"y": null, "b": true}]}),
+            required_features: vec![],
+        }
+    }
+
+    fn sample() -> Manifest {
+        let sk = StoreKey::new("app", "s", 3).unwrap();
+        let files = vec![FileEntry {
+            path: "a/b.sst".into(),
+            size: 3,
+            blake3: BlobHash::of(b"abc"),
+        }];
+        Manifest::from_draft(draft(&sk, 42, files), SnapshotId::from_parts(1000, 7), 1000).unwrap()
+    }
+
+    fn reseal(v: &mut serde_json::Value) {
+        let body = Manifest::canonical_body(v).unwrap();
+        v["checksum"] = blake3::hash(&body).to_hex().to_string().into();
+    }
+
+    #[test]
+    fn round_trips_and_ignores_unknown_plain_fields() {
+        let m = sample();
+        let key = m.key().to_string();
+        let bytes = m.encode().unwrap();
+        assert_eq!(Manifest::decode(&key, &bytes).unwrap(), m);
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v["future_field"] = serde_json::json!({"x": 1});
+        reseal(&mut v);
+        let back = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(back.snapshot_id, m.snapshot_id);
+    }
+
+    #[test]
+    fn hostile_and_broken_manifests_fail_with_the_right_kind() {
+        let m = sample();
+        let key = m.key().to_string();
+        let good: serde_json::Value = serde_json::from_slice(&m.encode().unwrap()).unwrap();
+        let bytes = m.encode().unwrap();
+        let e = Manifest::decode(&key, &bytes[..bytes.len() / 2]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert!(e.message().contains(&key), "{e}");
+
+        let mut v = good.clone();
+        v["created_at"] = 5.into();
+        let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert!(e.message().contains("checksum mismatch"), "{e}");
+
+        let mut v = good.clone();
+        v["format_version"] = 2.into();
+        reseal(&mut v);
+        let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(e.message().contains("format_version=2 supported=1"), "{e}");
+
+        let mut v = good.clone();
+        v["required_features"] = serde_json::json!(["zstd-dict", "encryption"]);
+        reseal(&mut v);
+        let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(e.message().contains("zstd-dict,encryption"), "{e}");
+
+        for bad in [
+            "../etc/passwd",
+            "a/../../b",
+            "/abs",
+            "C:/x",
+            "a\\b",
+            "a\0b",
+            "./a",
+            "a//b",
+            "a/",
+            "",
+        ] {
+            let mut v = good.clone();
+            v["files"][0]["path"] = bad.into();
+            reseal(&mut v);
+            let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corrupt, "{bad}: {e}");
+        }
+
+        let mut v = good.clone();
+        v["changelog"]["offset"] = 43.into();
+        reseal(&mut v);
+        let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert!(e.message().contains("does not match its key"), "{e}");
+    }
+
+    #[test]
+    fn file_path_within_joins_only_safe_paths() {
+        let dir = std::path::Path::new("/restore/here");
+        assert_eq!(
+            Manifest::file_path_within(dir, "a/b.sst").unwrap(),
+            dir.join("a").join("b.sst")
+        );
+        for bad in [
+            "..",
+            "../x",
+            "a/../../x",
+            "/etc",
+            "C:\\x",
+            "c:x",
+            "a\\..\\b",
+            "a\u{1}b",
+        ] {
+            let e = Manifest::file_path_within(dir, bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config, "{bad}");
+        }
+    }
+}

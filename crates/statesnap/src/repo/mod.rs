@@ -1,0 +1,454 @@
+//! The snapshot repository: blobs and manifests in any
+//! [`object_store::ObjectStore`], chosen by URL.
+//!
+//! ```text
+//! <root>/statesnap.json                                  marker (format version, id)
+//! <root>/stores/<store-key>/manifests/<offset:020>-<id>.json
+//! <root>/stores/<store-key>/blobs/<hh>/<blake3-hex>
+//! ```
+//!
+//! * [`Repository::init`] creates the marker (conditional create; an existing
+//!   repository is an `AlreadyExists` error, never silently reused), and
+//!   [`Repository::open`] refuses a location without one.
+//! * Blobs ([`blob`]) are content-addressed and verified on every read.
+//! * [`Repository::commit`] writes a manifest last, with `PutMode::Create`,
+//!   after re-checking every blob it names (design invariant 3).
+//! * [`catalog`] lists and picks snapshots, never trusting listing order;
+//!   [`retention`] decides what to keep; [`gc`] collects unreferenced blobs
+//!   with the two-phase protocol described in `docs/gc.md`.
+//!
+//! `object_store::Error` never crosses this module's public API: it is mapped
+//! to an [`ErrorKind`](crate::ErrorKind) and kept as the error's source.
+
+pub mod blob;
+pub mod catalog;
+pub mod commit;
+pub mod faulty;
+pub mod gc;
+pub mod manifest;
+pub mod paths;
+pub mod retention;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::clock::{SharedClock, system_clock};
+use crate::error::{Error, ErrorKind, Result};
+
+pub use blob::{BlobRef, PutOutcome, TransferOptions};
+pub use catalog::{Listing, SnapshotInfo, UnreadableManifest};
+pub use commit::SnapshotWriter;
+pub use gc::{GcOptions, GcReport};
+pub use manifest::{
+    ChangelogPosition, FileEntry, Manifest, ManifestDraft, SnapshotStats, StoreFormatId,
+};
+pub use paths::{BlobHash, SnapshotId, StoreKey};
+pub use retention::{RetentionPlan, RetentionPolicy};
+
+/// The repository format version this build writes and reads.
+pub const REPOSITORY_FORMAT_VERSION: u64 = 1;
+
+/// The contents of `statesnap.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepositoryMarker {
+    /// Repository format version.
+    pub format_version: u64,
+    /// Random id of this repository (a UUID v4, hyphenated).
+    pub repository_id: String,
+    /// When `init` ran, ms since the epoch (injected clock).
+    pub created_at: i64,
+}
+
+/// How a [`Repository`] is connected and behaves.
+#[derive(Debug, Clone)]
+pub struct RepositoryOptions {
+    /// Backend options, overriding environment variables: for `s3://` any
+    /// `AmazonS3ConfigKey` (`endpoint`, `region`, `allow_http`,
+    /// `virtual_hosted_style_request`, `access_key_id`, ...), for `gs://` any
+    /// `GoogleConfigKey`, for `az://` any `AzureConfigKey`.
+    pub store_options: BTreeMap<String, String>,
+    /// Time source for `created_at`, retention and gc.
+    pub clock: SharedClock,
+    /// Transfer tuning.
+    pub transfer: TransferOptions,
+    /// The longest a snapshot commit may take from its blob re-check to its
+    /// manifest create; a slower commit is abandoned (stale error). Must be
+    /// well below the gc grace period (see `docs/gc.md`). Default 10 minutes.
+    pub max_commit_duration: Duration,
+}
+
+impl Default for RepositoryOptions {
+    fn default() -> Self {
+        RepositoryOptions {
+            store_options: BTreeMap::new(),
+            clock: system_clock(),
+            transfer: TransferOptions::default(),
+            max_commit_duration: Duration::from_secs(600),
+        }
+    }
+}
+
+/// A snapshot repository over an object store.
+#[derive(Debug, Clone)]
+pub struct Repository {
+    store: Arc<dyn ObjectStore>,
+    url: String,
+    clock: SharedClock,
+    transfer: TransferOptions,
+    max_commit_duration: Duration,
+}
+
+impl Repository {
+    /// Creates a new repository at `url`: writes `statesnap.json` with a
+    /// conditional create. If a repository already exists there this fails
+    /// with [`ErrorKind::AlreadyExists`] (use [`Repository::open`]); for
+    /// `file://` URLs the directory is created.
+    pub async fn init(url: &str, opts: RepositoryOptions) -> Result<Repository> {
+        let repo = Repository::connect(url, opts, true).await?;
+        repo.create_marker().await?;
+        Ok(repo)
+    }
+
+    /// Opens the existing repository at `url`, checking its marker.
+    pub async fn open(url: &str, opts: RepositoryOptions) -> Result<Repository> {
+        let repo = Repository::connect(url, opts, false).await?;
+        repo.read_marker().await?;
+        Ok(repo)
+    }
+
+    /// Wraps an object store (e.g. a fault-injecting one) without touching
+    /// the marker; `prefix` (may be empty) is the repository root inside it.
+    pub fn from_store(store: Arc<dyn ObjectStore>, prefix: &str) -> Result<Repository> {
+        Repository::from_store_with(store, prefix, RepositoryOptions::default())
+    }
+
+    /// [`Repository::from_store`] with options.
+    pub fn from_store_with(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        opts: RepositoryOptions,
+    ) -> Result<Repository> {
+        let prefix = prefix.trim_matches('/');
+        let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+            store
+        } else {
+            let p = Path::parse(prefix).map_err(|e| {
+                Error::config(format!(
+                    "invalid repository prefix prefix=`{}`",
+                    prefix.escape_debug()
+                ))
+                .with_source(e)
+            })?;
+            Arc::new(object_store::prefix::PrefixStore::new(store, p))
+        };
+        Ok(Repository {
+            url: format!("store://{prefix}"),
+            store,
+            clock: opts.clock,
+            transfer: opts.transfer,
+            max_commit_duration: opts.max_commit_duration,
+        })
+    }
+
+    /// The same repository with another clock (tests use a `ManualClock`).
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The same repository with other transfer options.
+    pub fn with_transfer(mut self, transfer: TransferOptions) -> Self {
+        self.transfer = transfer;
+        self
+    }
+
+    /// The same repository with another commit budget.
+    pub fn with_max_commit_duration(mut self, d: Duration) -> Self {
+        self.max_commit_duration = d;
+        self
+    }
+
+    /// The URL this repository was opened from.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    /// Transfer options in force.
+    pub fn transfer(&self) -> &TransferOptions {
+        &self.transfer
+    }
+
+    /// The commit budget in force.
+    pub fn max_commit_duration(&self) -> Duration {
+        self.max_commit_duration
+    }
+
+    /// The raw object store, rooted at the repository root. Bypasses every
+    /// check: for tooling and tests only.
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.store)
+    }
+
+    /// Writes the marker with a conditional create.
+    pub async fn create_marker(&self) -> Result<RepositoryMarker> {
+        let marker = RepositoryMarker {
+            format_version: REPOSITORY_FORMAT_VERSION,
+            repository_id: uuid::Uuid::new_v4().hyphenated().to_string(),
+            created_at: self.clock.now_ms(),
+        };
+        let body = serde_json::to_vec_pretty(&marker)
+            .map_err(|e| Error::internal("cannot serialize repository marker").with_source(e))?;
+        let key = paths::marker();
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&key, PutPayload::from(body), opts)
+            .await
+        {
+            Ok(_) => Ok(marker),
+            Err(e) => {
+                let err = map_store_error(
+                    e,
+                    &format!("cannot create repository marker url=`{}`", self.url),
+                );
+                if err.kind() == ErrorKind::AlreadyExists {
+                    Err(Error::new(
+                        ErrorKind::AlreadyExists,
+                        format!(
+                            "a statesnap repository already exists at url=`{}`; open it instead",
+                            self.url
+                        ),
+                    ))
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    /// Reads and checks the marker.
+    pub async fn read_marker(&self) -> Result<RepositoryMarker> {
+        let key = paths::marker();
+        let bytes = match self.store.get(&key).await {
+            Ok(r) => r.bytes().await.map_err(|e| {
+                map_store_error(
+                    e,
+                    &format!("cannot read repository marker url=`{}`", self.url),
+                )
+            })?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(self.no_repository());
+            }
+            Err(e) => {
+                return Err(map_store_error(
+                    e,
+                    &format!("cannot read repository marker url=`{}`", self.url),
+                ));
+            }
+        };
+        let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            Error::corrupt(format!(
+                "repository marker is not valid json url=`{}` key=`{key}`",
+                self.url
+            ))
+            .with_source(e)
+        })?;
+        let version = value
+            .get("format_version")
+            .and_then(serde_json::Value::as_u64);
+        match version {
+            Some(REPOSITORY_FORMAT_VERSION) => {}
+            Some(v) => {
+                return Err(Error::config(format!(
+                    "unsupported repository format version: upgrade statesnap url=`{}` \
+                     format_version={v} supported={REPOSITORY_FORMAT_VERSION}",
+                    self.url
+                )));
+            }
+            None => {
+                return Err(Error::corrupt(format!(
+                    "repository marker has no format_version url=`{}`",
+                    self.url
+                )));
+            }
+        }
+        serde_json::from_value(value).map_err(|e| {
+            Error::corrupt(format!(
+                "repository marker has an invalid shape url=`{}`",
+                self.url
+            ))
+            .with_source(e)
+        })
+    }
+
+    fn no_repository(&self) -> Error {
+        Error::not_found(format!(
+            "no statesnap repository at url=`{}`; create one with `statesnap init {}` or \
+             `Repository::init`",
+            self.url, self.url
+        ))
+    }
+
+    /// Builds the object store for `url` without touching the marker.
+    pub async fn connect(
+        url: &str,
+        opts: RepositoryOptions,
+        create_dir: bool,
+    ) -> Result<Repository> {
+        let parsed = url::Url::parse(url).map_err(|e| {
+            Error::config(format!(
+                "invalid repository url url=`{}`",
+                url.escape_debug()
+            ))
+            .with_source(e)
+        })?;
+        let (store, prefix): (Arc<dyn ObjectStore>, String) = match parsed.scheme() {
+            "file" => {
+                let dir = parsed.to_file_path().map_err(|()| {
+                    Error::config(format!(
+                        "invalid file url: not an absolute local path url=`{url}`"
+                    ))
+                })?;
+                if create_dir {
+                    tokio::fs::create_dir_all(&dir).await.map_err(|e| {
+                        Error::io(
+                            format!(
+                                "cannot create repository directory path=`{}`",
+                                dir.display()
+                            ),
+                            e,
+                        )
+                    })?;
+                } else if !dir.is_dir() {
+                    return Err(Error::not_found(format!(
+                        "no statesnap repository at url=`{url}`; create one with `statesnap init \
+                         {url}` or `Repository::init`"
+                    )));
+                }
+                // fsync: a blob must be durable before a manifest names it.
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(|e| {
+                        map_store_error(e, &format!("cannot open local repository url=`{url}`"))
+                    })?
+                    .with_fsync(true);
+                (Arc::new(fs), String::new())
+            }
+            "memory" => {
+                let name = format!("{}{}", parsed.host_str().unwrap_or(""), parsed.path());
+                (named_memory_store(&name), String::new())
+            }
+            "s3" | "s3a" => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url);
+                for (k, v) in &opts.store_options {
+                    let key =
+                        parse_config_key::<object_store::aws::AmazonS3ConfigKey>(k, "aws_", url)?;
+                    b = b.with_config(key, v);
+                }
+                let s3 = b
+                    .build()
+                    .map_err(|e| map_store_error(e, &format!("cannot configure s3 url=`{url}`")))?;
+                (Arc::new(s3), parsed.path().to_owned())
+            }
+            "gs" => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
+                for (k, v) in &opts.store_options {
+                    let key =
+                        parse_config_key::<object_store::gcp::GoogleConfigKey>(k, "google_", url)?;
+                    b = b.with_config(key, v);
+                }
+                let gcs = b.build().map_err(|e| {
+                    map_store_error(e, &format!("cannot configure gcs url=`{url}`"))
+                })?;
+                (Arc::new(gcs), parsed.path().to_owned())
+            }
+            "az" | "abfs" | "abfss" | "azure" => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url);
+                for (k, v) in &opts.store_options {
+                    let key =
+                        parse_config_key::<object_store::azure::AzureConfigKey>(k, "azure_", url)?;
+                    b = b.with_config(key, v);
+                }
+                let az = b.build().map_err(|e| {
+                    map_store_error(e, &format!("cannot configure azure url=`{url}`"))
+                })?;
+                (Arc::new(az), parsed.path().to_owned())
+            }
+            other => {
+                return Err(Error::config(format!(
+                    "unsupported repository url scheme: use file://, s3://, gs://, az:// or memory:// \
+                     url=`{url}` scheme=`{other}`"
+                )));
+            }
+        };
+        let mut repo = Repository::from_store_with(store, &prefix, opts)?;
+        repo.url = url.to_owned();
+        Ok(repo)
+    }
+}
+
+fn parse_config_key<K: std::str::FromStr>(key: &str, prefix: &str, url: &str) -> Result<K> {
+    let lower = key.to_ascii_lowercase();
+    lower
+        .parse::<K>()
+        .or_else(|_| format!("{prefix}{lower}").parse::<K>())
+        .map_err(|_| {
+            Error::config(format!(
+                "unknown object store option url=`{url}` option=`{}`",
+                key.escape_debug()
+            ))
+        })
+}
+
+/// `memory://name` stores live for the process, so `init` then `open` of the
+/// same URL see the same data.
+fn named_memory_store(name: &str) -> Arc<dyn ObjectStore> {
+    static STORES: OnceLock<Mutex<BTreeMap<String, Arc<object_store::memory::InMemory>>>> =
+        OnceLock::new();
+    let map = STORES.get_or_init(|| Mutex::new(BTreeMap::new()));
+    let mut map = match map.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    let store = map
+        .entry(name.to_owned())
+        .or_insert_with(|| Arc::new(object_store::memory::InMemory::new()));
+    Arc::clone(store) as Arc<dyn ObjectStore>
+}
+
+/// Maps an `object_store` error to statesnap's error, keeping it as source.
+pub(crate) fn map_store_error(e: object_store::Error, context: &str) -> Error {
+    use object_store::Error as E;
+    let (kind, what) = match &e {
+        E::NotFound { .. } => (ErrorKind::NotFound, "object not found"),
+        E::AlreadyExists { .. } | E::Precondition { .. } => {
+            (ErrorKind::AlreadyExists, "object already exists")
+        }
+        E::Generic { .. } => (ErrorKind::Transient, "object store request failed"),
+        E::InvalidPath { .. } => (ErrorKind::Config, "invalid object path"),
+        E::NotSupported { .. } | E::NotImplemented { .. } => (
+            ErrorKind::Config,
+            "the object store does not support a required operation",
+        ),
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => (
+            ErrorKind::Config,
+            "the object store refused the credentials",
+        ),
+        E::UnknownConfigurationKey { .. } => (ErrorKind::Config, "unknown object store option"),
+        E::JoinError { .. } => (ErrorKind::Internal, "object store task failed"),
+        E::NotModified { .. } => (ErrorKind::Internal, "unexpected not-modified answer"),
+        _ => (ErrorKind::Transient, "object store request failed"),
+    };
+    Error::new(kind, format!("{context}: {what}")).with_source(e)
+}

@@ -1,0 +1,456 @@
+//! Corrupt and hostile repository contents, retention, and listing order.
+#![allow(clippy::unwrap_used)]
+
+use bytes::Bytes;
+use object_store::memory::InMemory;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use std::sync::Arc;
+use std::time::Duration;
+
+use statesnap::ErrorKind;
+use statesnap::clock::{Clock, ManualClock, SystemClock};
+use statesnap::conformance::repo::draft;
+use statesnap::repo::faulty::{FaultConfig, FaultyStore};
+use statesnap::repo::retention::{self, KeepReason, RetentionPolicy};
+use statesnap::repo::{
+    BlobRef, GcOptions, Manifest, Repository, SnapshotId, SnapshotInfo, SnapshotWriter, StoreKey,
+};
+
+fn sk() -> StoreKey {
+    StoreKey::new("app", "hostile", 1).unwrap()
+}
+
+async fn repo_with_one_snapshot() -> (Repository, Manifest, ManualClock) {
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let repo = Repository::from_store(store, "root")
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    repo.create_marker().await.unwrap();
+    let mut w = SnapshotWriter::new(&repo, sk());
+    w.put_bytes("data/000001.sst", Bytes::from_static(b"sst bytes"))
+        .await
+        .unwrap();
+    let m = w.commit(draft(&sk(), 100, vec![])).await.unwrap();
+    (repo, m, clock)
+}
+
+/// Writes a manifest derived from `base` at a newer offset, edited by `edit`,
+/// with a correct checksum unless `reseal` is false.
+async fn put_raw(
+    repo: &Repository,
+    base: &Manifest,
+    offset: u64,
+    reseal: bool,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> String {
+    let mut m = base.clone();
+    m.changelog.offset = offset;
+    m.snapshot_id = SnapshotId::from_parts(offset, 1);
+    m.seal().unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&m.encode().unwrap()).unwrap();
+    edit(&mut v);
+    if reseal {
+        let body = Manifest::canonical_body(&v).unwrap();
+        v["checksum"] = blake3::hash(&body).to_hex().to_string().into();
+    }
+    let key = m.key();
+    repo.object_store()
+        .put(&key, PutPayload::from(serde_json::to_vec(&v).unwrap()))
+        .await
+        .unwrap();
+    key.to_string()
+}
+
+#[tokio::test]
+async fn hostile_manifests_are_refused_with_the_right_kind_and_never_chosen() {
+    let (repo, good, _clock) = repo_with_one_snapshot().await;
+    let mut expected: Vec<(String, ErrorKind)> = Vec::new();
+    let mut off = 1000;
+    for path in [
+        "../../etc/passwd",
+        "/etc/passwd",
+        "a\\..\\b",
+        "a\u{0}b",
+        "C:/Windows/x",
+        "a/./b",
+        "",
+    ] {
+        let k = put_raw(&repo, &good, off, true, |v| {
+            v["files"][0]["path"] = path.into()
+        })
+        .await;
+        expected.push((k, ErrorKind::Corrupt));
+        off += 1;
+    }
+    let k = put_raw(&repo, &good, off, true, |v| v["format_version"] = 7.into()).await;
+    expected.push((k, ErrorKind::Config));
+    off += 1;
+    let k = put_raw(&repo, &good, off, false, |v| {
+        v["stats"]["keys"] = 999.into()
+    })
+    .await;
+    expected.push((k, ErrorKind::Corrupt));
+    off += 1;
+    let k = put_raw(&repo, &good, off, true, |v| {
+        v["required_features"] = serde_json::json!(["delta-v9"])
+    })
+    .await;
+    expected.push((k, ErrorKind::Config));
+    off += 1;
+    let k = put_raw(&repo, &good, off, true, |v| {
+        v["files"][0]["blake3"] = "zz".into()
+    })
+    .await;
+    expected.push((k, ErrorKind::Corrupt));
+    off += 1;
+    // Truncated.
+    let mut m = good.clone();
+    m.changelog.offset = off;
+    m.snapshot_id = SnapshotId::from_parts(off, 1);
+    m.seal().unwrap();
+    let bytes = m.encode().unwrap();
+    repo.object_store()
+        .put(
+            &m.key(),
+            PutPayload::from(bytes[..bytes.len() - 10].to_vec()),
+        )
+        .await
+        .unwrap();
+    expected.push((m.key().to_string(), ErrorKind::Corrupt));
+
+    let listing = repo.list_snapshots(&sk()).await.unwrap();
+    assert_eq!(
+        listing.snapshots.len(),
+        1,
+        "only the good snapshot is usable"
+    );
+    assert_eq!(listing.latest().unwrap().id(), good.snapshot_id);
+    let mut got: Vec<(String, ErrorKind)> = listing
+        .unreadable
+        .iter()
+        .map(|u| (u.key.clone(), u.kind))
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    expected.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(got, expected);
+    for u in &listing.unreadable {
+        assert!(u.reason.contains(&u.key), "reason must name the key: {u:?}");
+    }
+    let feat = listing
+        .unreadable
+        .iter()
+        .find(|u| u.reason.contains("delta-v9"));
+    assert!(feat.is_some(), "unknown feature must be named");
+    let ver = listing
+        .unreadable
+        .iter()
+        .find(|u| u.reason.contains("format_version=7 supported=1"));
+    assert!(ver.is_some(), "both versions must be named");
+
+    // Gc refuses to run while a manifest it cannot understand exists.
+    let e = repo
+        .gc_store(&sk(), &GcOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+}
+
+#[tokio::test]
+async fn corrupt_blobs_fail_restore_downloads_and_leave_nothing() {
+    let (repo, m, _clock) = repo_with_one_snapshot().await;
+    let f = &m.files[0];
+    let key = statesnap::repo::paths::blob(&sk(), &f.blake3);
+    repo.object_store()
+        .put(&key, PutPayload::from(b"sst bytez".to_vec()))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dest = Manifest::file_path_within(dir.path(), &f.path).unwrap();
+    let e = repo
+        .get_blobs_to_files(&sk(), &[(BlobRef::from(f), dest.clone())])
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(
+        e.message().contains(key.as_ref()) && e.message().contains(&f.blake3.to_hex()),
+        "{e}"
+    );
+    assert!(!dest.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(dest.parent().unwrap()).unwrap().collect();
+    assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
+}
+
+#[tokio::test]
+async fn catalog_ignores_listing_order() {
+    let base: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let repo = Repository::from_store(Arc::clone(&base), "")
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    let f = repo
+        .put_blob_bytes(&sk(), Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    let file = statesnap::repo::FileEntry {
+        path: "x".into(),
+        size: f.blob.size,
+        blake3: f.blob.hash,
+    };
+    // Offsets deliberately not in id order.
+    let offsets = [5u64, 3, 9, 1, 7, 7, 0, 12, 2, 11];
+    for (i, off) in offsets.iter().enumerate() {
+        let m = Manifest::from_draft(
+            draft(&sk(), *off, vec![file.clone()]),
+            SnapshotId::from_parts(100 - i as u64, 0),
+            0,
+        )
+        .unwrap();
+        repo.commit_manifest(&m).await.unwrap();
+    }
+    for seed in 1..=20 {
+        let shuffled = FaultyStore::new(
+            Arc::clone(&base),
+            FaultConfig {
+                seed,
+                shuffle_listings: true,
+                ..Default::default()
+            },
+        );
+        let r = Repository::from_store(Arc::new(shuffled), "").unwrap();
+        let l = r.list_snapshots(&sk()).await.unwrap();
+        let names: Vec<_> = l.snapshots.iter().map(|s| s.manifest.name()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "seed {seed}");
+        assert_eq!(l.latest().unwrap().offset(), 12);
+        assert_eq!(l.at_or_before(8).unwrap().offset(), 7);
+        // Two snapshots at offset 7: the one with the larger id wins.
+        assert_eq!(
+            l.at_or_before(8).unwrap().id(),
+            SnapshotId::from_parts(100 - 4, 0)
+        );
+        assert_eq!(r.list_stores().await.unwrap(), vec![sk()]);
+    }
+}
+
+fn info(offset: u64, id_ms: u64, created_at: i64, depends_on: Vec<SnapshotId>) -> SnapshotInfo {
+    let mut d = draft(&sk(), offset, vec![]);
+    d.depends_on = depends_on;
+    let manifest = Manifest::from_draft(d, SnapshotId::from_parts(id_ms, 0), created_at).unwrap();
+    SnapshotInfo {
+        key: manifest.key().to_string(),
+        manifest,
+    }
+}
+
+fn id(ms: u64) -> SnapshotId {
+    SnapshotId::from_parts(ms, 0)
+}
+
+#[test]
+fn retention_keep_last_newer_than_newest_and_dependencies() {
+    let clock = ManualClock::new(10_000_000);
+    let now = clock.now_ms();
+    let min = 60_000;
+    // offset order: a(1) < b(2) < c(3) < d(4) < e(5); e is a delta on c, c a delta on a.
+    let snaps = vec![
+        info(3, 3, now - 30 * min, vec![id(1)]),
+        info(1, 1, now - 50 * min, vec![]),
+        info(5, 5, now - 120 * min, vec![id(3)]),
+        info(2, 2, now - 40 * min, vec![]),
+        info(4, 4, now - 10 * min, vec![]),
+    ];
+    // keep_last = 1: newest (e) plus its chain c -> a.
+    let p = retention::plan(
+        &snaps,
+        &RetentionPolicy {
+            keep_last: Some(1),
+            keep_newer_than: None,
+        },
+        now,
+    );
+    assert_eq!(
+        p.keep,
+        vec![
+            (id(5), KeepReason::Newest),
+            (id(3), KeepReason::DependencyOf(id(5))),
+            (id(1), KeepReason::DependencyOf(id(3)))
+        ]
+    );
+    assert!(p.drops(id(4)) && p.drops(id(2)));
+    // keep_last = 2: e, d (+ c, a as dependencies); b dropped.
+    let p = retention::plan(
+        &snaps,
+        &RetentionPolicy {
+            keep_last: Some(2),
+            keep_newer_than: None,
+        },
+        now,
+    );
+    assert_eq!(p.drop.iter().map(|d| d.0).collect::<Vec<_>>(), vec![id(2)]);
+    // keep_newer_than 35 min: d (10 min), c (30 min) + newest e (old!) + a (dependency of c and e's chain).
+    let p = retention::plan(
+        &snaps,
+        &RetentionPolicy {
+            keep_last: None,
+            keep_newer_than: Some(Duration::from_secs(35 * 60)),
+        },
+        now,
+    );
+    let kept: Vec<_> = p.keep.iter().map(|k| k.0).collect();
+    assert_eq!(kept, vec![id(5), id(4), id(3), id(1)]);
+    assert_eq!(
+        p.keep[0].1,
+        KeepReason::Newest,
+        "newest is kept even when old"
+    );
+    assert!(p.drops(id(2)));
+    // Time moves: everything ages out but the newest and its chain.
+    clock.advance_ms(1000 * min);
+    let p = retention::plan(
+        &snaps,
+        &RetentionPolicy {
+            keep_last: None,
+            keep_newer_than: Some(Duration::from_secs(35 * 60)),
+        },
+        clock.now_ms(),
+    );
+    assert_eq!(
+        p.keep.iter().map(|k| k.0).collect::<Vec<_>>(),
+        vec![id(5), id(3), id(1)]
+    );
+    // No policy keeps everything; an empty listing keeps nothing.
+    assert!(
+        retention::plan(&snaps, &RetentionPolicy::default(), now)
+            .drop
+            .is_empty()
+    );
+    assert!(
+        retention::plan(
+            &[],
+            &RetentionPolicy {
+                keep_last: Some(0),
+                keep_newer_than: None
+            },
+            now
+        )
+        .keep
+        .is_empty()
+    );
+    // keep_last = 0 still keeps the newest.
+    let p = retention::plan(
+        &snaps,
+        &RetentionPolicy {
+            keep_last: Some(0),
+            keep_newer_than: None,
+        },
+        now,
+    );
+    assert_eq!(p.keep[0], (id(5), KeepReason::Newest));
+    // A dependency that is not in the listing is reported.
+    let orphan = vec![info(9, 9, now, vec![id(42)])];
+    let p = retention::plan(
+        &orphan,
+        &RetentionPolicy {
+            keep_last: Some(1),
+            keep_newer_than: None,
+        },
+        now,
+    );
+    assert_eq!(p.missing_dependencies, vec![(id(9), id(42))]);
+}
+
+#[tokio::test]
+async fn gc_applies_retention_deletes_manifests_then_collects_their_blobs() {
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let repo = Repository::from_store(store, "")
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    let mut ids = Vec::new();
+    for i in 0..4u8 {
+        let mut w = SnapshotWriter::new(&repo, sk());
+        w.put_bytes("shared", Bytes::from_static(b"shared"))
+            .await
+            .unwrap();
+        w.put_bytes("own", Bytes::from(vec![i; 10])).await.unwrap();
+        ids.push(
+            w.commit(draft(&sk(), u64::from(i) * 10, vec![]))
+                .await
+                .unwrap(),
+        );
+        clock.advance_ms(1000);
+    }
+    clock.advance_ms(2 * 3_600_000);
+    let opts = GcOptions {
+        retention: Some(RetentionPolicy {
+            keep_last: Some(2),
+            keep_newer_than: None,
+        }),
+        ..Default::default()
+    };
+    let dry = repo
+        .gc_store(
+            &sk(),
+            &GcOptions {
+                dry_run: true,
+                ..opts.clone()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(dry.manifests_deleted.len(), 2);
+    assert_eq!(
+        repo.list_snapshots(&sk()).await.unwrap().snapshots.len(),
+        4,
+        "dry run deleted"
+    );
+    let r = repo.gc_store(&sk(), &opts).await.unwrap();
+    assert_eq!(
+        r.manifests_deleted.iter().map(|m| m.0).collect::<Vec<_>>(),
+        vec![ids[0].snapshot_id, ids[1].snapshot_id]
+    );
+    assert_eq!(
+        r.blobs_condemned.len(),
+        2,
+        "the two dropped snapshots' own blobs: {r:?}"
+    );
+    clock.advance_ms(3_600_001);
+    let r = repo.gc_store(&sk(), &opts).await.unwrap();
+    assert_eq!(r.blobs_deleted.len(), 2);
+    for s in repo.list_snapshots(&sk()).await.unwrap().snapshots {
+        for f in &s.manifest.files {
+            repo.get_blob_bytes(&sk(), &BlobRef::from(f)).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn open_and_init_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url::Url::from_directory_path(dir.path().join("nothing-here"))
+        .unwrap()
+        .to_string();
+    let e = Repository::open(&url, Default::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(e.message().contains("statesnap init"), "{e}");
+    for bad in ["ftp://x/y", "not a url", "s3://bucket/p?x"] {
+        let mut o = statesnap::repo::RepositoryOptions::default();
+        o.store_options.insert("no_such_option".into(), "1".into());
+        if let Err(e) = Repository::open(bad, o).await {
+            assert!(
+                matches!(e.kind(), ErrorKind::Config | ErrorKind::NotFound),
+                "{bad}: {e}"
+            );
+        }
+    }
+    // Explicit options override env; an unknown one is a config error.
+    let mut o = statesnap::repo::RepositoryOptions::default();
+    o.store_options.insert("bogus".into(), "1".into());
+    let e = Repository::open("s3://bucket/prefix", o).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert!(e.message().contains("bogus"), "{e}");
+}
