@@ -9,8 +9,10 @@ pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod error;
+pub mod format;
 pub mod repo;
 pub mod restore;
+pub mod snapshot;
 pub mod store;
 mod util;
 
