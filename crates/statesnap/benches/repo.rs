@@ -24,7 +24,7 @@ fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
 }
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
+    let mut x = seed.wrapping_mul(2).wrapping_add(1);
     let mut out = Vec::with_capacity(len);
     while out.len() < len {
         x ^= x << 13;
