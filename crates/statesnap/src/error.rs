@@ -78,7 +78,11 @@ pub struct Error {
 impl Error {
     /// A new error of `kind` with a lowercase, field-carrying message.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into(), source: None }
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
     }
 
     /// Attaches the underlying cause.
@@ -161,7 +165,9 @@ impl fmt::Debug for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|s| s as &(dyn std::error::Error + 'static))
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -178,7 +184,10 @@ mod tests {
         let e = Error::io("write failed path=`/x`", io);
         assert_eq!(e.kind(), ErrorKind::Io);
         assert_eq!(e.to_string(), "io error: write failed path=`/x`");
-        assert_eq!(format!("{e:#}"), "io error: write failed path=`/x`: disk on fire");
+        assert_eq!(
+            format!("{e:#}"),
+            "io error: write failed path=`/x`: disk on fire"
+        );
     }
 
     #[test]

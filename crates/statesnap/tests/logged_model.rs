@@ -47,7 +47,10 @@ fn key(k: u8) -> Bytes {
 }
 
 fn small_segments() -> FileChangelogOptions {
-    FileChangelogOptions { segment_bytes: 2048, ..FileChangelogOptions::default() }
+    FileChangelogOptions {
+        segment_bytes: 2048,
+        ..FileChangelogOptions::default()
+    }
 }
 
 fn id() -> ChangelogId {
@@ -169,7 +172,11 @@ fn run<F: Factory>(mut f: F, ops: Vec<Op>) {
     }
     drop(ls);
     let ls = open(&mut f, true);
-    assert_eq!(contents(ls.store()), committed, "full replay from an empty store");
+    assert_eq!(
+        contents(ls.store()),
+        committed,
+        "full replay from an empty store"
+    );
 }
 
 proptest! {
