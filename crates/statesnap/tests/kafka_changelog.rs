@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use statesnap::ErrorKind;
 use statesnap::changelog::kafka::{KafkaChangelog, KafkaOptions, NonCompactedPolicy};
 use statesnap::changelog::{Changelog, ChangelogId, LoggedRecord, Record};
-use statesnap::clock::{Clock, ManualClock, SharedClock, system_clock};
+use statesnap::clock::{ManualClock, SharedClock, system_clock};
 use statesnap::restore::{ReplayOptions, replay};
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
@@ -554,3 +554,4 @@ fn horizon_follows_delete_retention_and_the_injected_clock() {
     assert_eq!(h.tombstones_before, later[0], "{h:?}");
     assert!(h.can_resume_after(Some(later[0] - 1)));
 }
+
