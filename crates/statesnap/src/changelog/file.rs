@@ -1,1 +1,0 @@
-//! The embedded segmented file changelog (work in progress).

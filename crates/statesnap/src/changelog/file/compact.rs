@@ -1,0 +1,292 @@
+//! Key compaction of closed segments.
+//!
+//! Keeps the newest record of every key among the closed segments (dropping
+//! a key's records entirely when its newest record is in the active
+//! segment), drops tombstones older than the delete retention, and rewrites
+//! each changed segment in place of the old one, keeping offsets (readers
+//! handle the gaps). Segments are never merged, so the base-offset chain that
+//! detects missing segments stays intact.
+//!
+//! # Crash safety
+//!
+//! 1. Every changed segment is written in full to `<base>.log.compacting`
+//!    and fsynced; a crash here leaves the old segments untouched, and open
+//!    deletes the leftovers.
+//! 2. If tombstones were purged, the advanced [`Horizon`] is persisted in the
+//!    metadata file *before* any old segment is replaced: a horizon that is
+//!    too high only makes a snapshot look stale, while a purged tombstone
+//!    under a horizon that does not cover it could let a restore resurrect a
+//!    deleted key.
+//! 3. The compacted files are renamed over the old ones in ascending offset
+//!    order, with a directory fsync after each rename. A crash between two
+//!    renames leaves older segments compacted and newer ones not. That state
+//!    is a valid log: every record compaction dropped was superseded by a
+//!    newer record of its key, which is either still in an uncompacted (old)
+//!    newer segment, or is a purged tombstone — and then every older record
+//!    of the key is in a segment renamed before it, so already dropped too.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::format::{self, SegmentHeader};
+use super::segment::{IndexBuilder, Segment};
+use super::{COMPACTING_SUFFIX, FileChangelog, io_err, lock, meta, read_shared, write_shared};
+use crate::changelog::Horizon;
+use crate::error::{Error, Result};
+
+/// Options for [`FileChangelog::compact`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompactOptions {
+    /// How long a tombstone is kept after it was appended (by the
+    /// changelog's clock), so that a store or snapshot that is behind still
+    /// sees the delete. Older tombstones are purged and the tombstone
+    /// horizon advances past them. Default 24 hours (Kafka's
+    /// `delete.retention.ms`).
+    pub delete_retention: Duration,
+}
+
+impl Default for CompactOptions {
+    fn default() -> Self {
+        CompactOptions {
+            delete_retention: Duration::from_secs(24 * 60 * 60),
+        }
+    }
+}
+
+/// What [`FileChangelog::compact`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CompactionReport {
+    /// Closed segments examined.
+    pub segments_examined: u64,
+    /// Closed segments rewritten (the others had nothing to drop).
+    pub segments_rewritten: u64,
+    /// Records in the closed segments before compaction.
+    pub records_before: u64,
+    /// Records in the closed segments after compaction.
+    pub records_after: u64,
+    /// Bytes of the closed segments before compaction.
+    pub bytes_before: u64,
+    /// Bytes of the closed segments after compaction.
+    pub bytes_after: u64,
+    /// Tombstones removed: purged after the retention, or superseded by a
+    /// newer record of their key.
+    pub tombstones_dropped: u64,
+    /// The horizon after compaction.
+    pub horizon: Horizon,
+}
+
+/// A compacted segment written to its temporary file.
+struct Rewrite {
+    old: Arc<Segment>,
+    tmp: std::path::PathBuf,
+    file: File,
+    len: u64,
+    index: IndexBuilder,
+}
+
+impl FileChangelog {
+    /// Compacts the closed segments (never the active one). See the
+    /// [module docs](self) of `compact` for what is kept and why a crash at
+    /// any point leaves a valid log. Runs on the caller's thread; appends and
+    /// reads proceed concurrently; one compaction runs at a time.
+    pub fn compact(&self, options: &CompactOptions) -> Result<CompactionReport> {
+        let _one_at_a_time = lock(&self.compacting)?;
+        let (closed, active, horizon) = {
+            let s = read_shared(&self.shared)?;
+            let n = s.segments.len();
+            let active = Arc::clone(
+                s.segments
+                    .last()
+                    .ok_or_else(|| Error::internal("changelog has no segment"))?,
+            );
+            (s.segments[..n - 1].to_vec(), active, s.horizon)
+        };
+        let mut report = CompactionReport {
+            horizon,
+            ..CompactionReport::default()
+        };
+        if closed.is_empty() {
+            return Ok(report);
+        }
+        let retention_ms = i64::try_from(options.delete_retention.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = self.clock.now_ms().saturating_sub(retention_ms);
+
+        // Pass 1: the newest offset of every key, closed segments then the
+        // active one (up to what is written now; later appends only supersede more).
+        let mut newest: HashMap<Bytes, u64> = HashMap::new();
+        let mut note = |buf: &[u8], r: &format::RawRecord| {
+            let key = &buf[r.key.clone()];
+            match newest.get_mut(key) {
+                Some(o) => *o = r.offset,
+                None => {
+                    newest.insert(Bytes::copy_from_slice(key), r.offset);
+                }
+            }
+        };
+        for (i, seg) in closed.iter().enumerate() {
+            let next_base = closed.get(i + 1).map_or(active.base, |s| s.base);
+            let buf = seg.read_all()?;
+            let mut beyond = None;
+            let end = format::scan_records(&buf, seg.base, &seg.path, |r| {
+                if r.offset >= next_base {
+                    beyond.get_or_insert(r.offset);
+                }
+                note(&buf, r);
+            })?;
+            if let Some(o) = beyond {
+                return Err(seg.beyond_next_base(o, Some(next_base)));
+            }
+            if let Some(t) = end.torn {
+                return Err(seg.corrupt_at(t.position as u64, t.reason));
+            }
+            report.segments_examined += 1;
+            report.records_before += end.records;
+            report.bytes_before += buf.len() as u64;
+        }
+        let abuf = active.read_all()?;
+        format::scan_records(&abuf, active.base, &active.path, |r| note(&abuf, r))?;
+        drop(abuf);
+
+        // Pass 2: write the compacted segments to temporary files.
+        let mut rewrites = Vec::new();
+        let mut max_purged: Option<u64> = None;
+        let result = (|| -> Result<()> {
+            for seg in &closed {
+                let buf = seg.read_all()?;
+                let header = SegmentHeader {
+                    base_offset: seg.base,
+                    prev_base_offset: seg.prev_base,
+                };
+                let mut out = header.encode().to_vec();
+                let mut index = IndexBuilder::new();
+                let (mut total, mut kept) = (0u64, 0u64);
+                format::scan_records(&buf, seg.base, &seg.path, |r| {
+                    total += 1;
+                    let is_newest = newest.get(&buf[r.key.clone()]) == Some(&r.offset);
+                    let tombstone = r.value.is_none();
+                    let expired = tombstone && r.timestamp_ms < cutoff;
+                    if is_newest && !expired {
+                        let start = r.key.start - format::FRAME_HEADER_LEN;
+                        index.add(r.offset, out.len() as u64);
+                        out.extend_from_slice(&buf[start..r.next]);
+                        kept += 1;
+                    } else if tombstone {
+                        report.tombstones_dropped += 1;
+                        if is_newest {
+                            // A purged newest tombstone: replay from below it would miss the delete.
+                            max_purged = Some(max_purged.map_or(r.offset, |m| m.max(r.offset)));
+                        }
+                    }
+                })?;
+                report.records_after += kept;
+                report.bytes_after += out.len() as u64;
+                if kept == total {
+                    continue;
+                }
+                let mut tmp = seg.path.clone().into_os_string();
+                tmp.push(COMPACTING_SUFFIX);
+                let tmp = std::path::PathBuf::from(tmp);
+                let mut f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&tmp)
+                    .map_err(|e| io_err("create compacted segment", &tmp, e))?;
+                f.write_all(&out)
+                    .map_err(|e| io_err("write compacted segment", &tmp, e))?;
+                // Durability: the compacted segment is complete on disk before it replaces the old.
+                f.sync_all()
+                    .map_err(|e| io_err("fsync compacted segment", &tmp, e))?;
+                drop(f);
+                // A read handle on the new inode, taken before the rename moves it.
+                let file =
+                    File::open(&tmp).map_err(|e| io_err("open compacted segment", &tmp, e))?;
+                rewrites.push(Rewrite {
+                    old: Arc::clone(seg),
+                    tmp,
+                    file,
+                    len: out.len() as u64,
+                    index,
+                });
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            for r in &rewrites {
+                let _ = fs::remove_file(&r.tmp);
+            }
+            return Err(e);
+        }
+
+        // Persist the advanced horizon before any purged tombstone disappears.
+        if let Some(m) = max_purged {
+            let new = Horizon {
+                tombstones_before: horizon.tombstones_before.max(m + 1),
+                ..horizon
+            };
+            if new != horizon {
+                let meta = meta::Meta {
+                    format_version: meta::META_VERSION,
+                    topic: self.id.topic.clone(),
+                    partition: self.id.partition,
+                    lineage: self.lineage.0.clone(),
+                    horizon: new,
+                };
+                if let Err(e) = meta::write(&self.dir, &meta) {
+                    for r in &rewrites {
+                        let _ = fs::remove_file(&r.tmp);
+                    }
+                    return Err(e);
+                }
+                write_shared(&self.shared)?.horizon = new;
+            }
+            report.horizon = new;
+        }
+
+        // Swap in the compacted segments, oldest first.
+        let mut pending = rewrites.into_iter();
+        while let Some(r) = pending.next() {
+            let path = r.old.path.clone();
+            // Durability: the atomic swap; the path holds the old or the new segment, never half.
+            if let Err(e) = fs::rename(&r.tmp, &path) {
+                let _ = fs::remove_file(&r.tmp);
+                for rest in pending {
+                    let _ = fs::remove_file(&rest.tmp);
+                }
+                return Err(io_err("rename compacted segment into place", &path, e));
+            }
+            // Durability: this swap is on disk before a newer segment's is (see module docs).
+            meta::sync_dir(&self.dir)?;
+            let seg = Segment::new(
+                r.old.base,
+                r.old.prev_base,
+                path,
+                r.file,
+                r.len,
+                Some(r.index.index),
+            );
+            let mut s = write_shared(&self.shared)?;
+            if let Some(i) = s.segments.iter().position(|x| Arc::ptr_eq(x, &r.old)) {
+                s.segments[i] = Arc::new(seg);
+            }
+            s.generation += 1;
+            s.start = None;
+            report.segments_rewritten += 1;
+        }
+        tracing::info!(
+            path = %self.dir.display(),
+            segments_rewritten = report.segments_rewritten,
+            records_before = report.records_before,
+            records_after = report.records_after,
+            tombstones_dropped = report.tombstones_dropped,
+            tombstones_before = report.horizon.tombstones_before,
+            "compacted changelog"
+        );
+        Ok(report)
+    }
+}
