@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use statesnap::ErrorKind;
-use statesnap::changelog::kafka::{KafkaChangelog, KafkaOptions, NonCompactedPolicy};
+use statesnap::changelog::kafka::{
+    KafkaChangelog, KafkaOptions, LineageSource, NonCompactedPolicy,
+};
 use statesnap::changelog::{Changelog, ChangelogId, LoggedRecord, Record};
 use statesnap::clock::{ManualClock, SharedClock, system_clock};
 use statesnap::restore::{ReplayOptions, replay};
@@ -555,3 +557,105 @@ fn horizon_follows_delete_retention_and_the_injected_clock() {
     assert!(h.can_resume_after(Some(later[0] - 1)));
 }
 
+/// librdkafka's in-process mock cluster: exercises produce, fetch, watermarks
+/// and topic ids without a broker. It does not replace tansu (no
+/// DescribeConfigs, so the policy is unknown and only `Warn` opens; no
+/// compaction).
+fn mock_options(
+    mock: &rdkafka::mocking::MockCluster<'_, rdkafka::producer::DefaultProducerContext>,
+) -> KafkaOptions {
+    KafkaOptions::new(mock.bootstrap_servers())
+        .request_timeout(Duration::from_secs(1))
+        .non_compacted_policy(NonCompactedPolicy::Warn)
+}
+
+#[test]
+fn mock_cluster_smoke() {
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let id = fresh_id("mock");
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let log = KafkaChangelog::open(id.clone(), mock_options(&mock)).unwrap();
+    let offsets = log
+        .append(&[
+            Record::put("a", "1"),
+            Record::delete("a"),
+            Record::put("b", ""),
+        ])
+        .unwrap();
+    assert_eq!(offsets, vec![0, 1, 2]);
+    let got: Vec<Record> = read_all(&log, 0)
+        .into_iter()
+        .map(LoggedRecord::into_record)
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            Record::put("a", "1"),
+            Record::delete("a"),
+            Record::put("b", "")
+        ]
+    );
+    let l = log.lineage().unwrap();
+    assert!(l.0.starts_with("topic-id:"), "{l}");
+    assert_eq!(log.lineage().unwrap(), l);
+    let marker = KafkaChangelog::open(
+        id,
+        mock_options(&mock).lineage_source(LineageSource::Marker),
+    )
+    .unwrap();
+    let m = marker.lineage().unwrap();
+    assert!(m.0.starts_with("marker:"), "{m}");
+    assert_eq!(marker.lineage().unwrap(), m);
+    assert_eq!(
+        marker.end_offset().unwrap(),
+        4,
+        "the marker took one offset"
+    );
+    assert_eq!(read_all(&marker, 0).len(), 3, "readers skip the marker");
+}
+
+/// The changelog conformance suite on the mock cluster, every check but
+/// `concurrent_reader_never_sees_torn_records`: the mock keeps a bounded log
+/// per partition and drops its oldest message sets once that check's ~5 MB
+/// are in, moving the low watermark (a deleted prefix, which the check cannot
+/// allow). That check runs against tansu in `conformance_against_tansu`.
+#[test]
+fn mock_cluster_conformance() {
+    use statesnap::conformance::changelog as suite;
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let make = || {
+        let id = fresh_id("mockconf");
+        mock.create_topic(&id.topic, 1, 1).unwrap();
+        KafkaChangelog::open(id, mock_options(&mock)).unwrap()
+    };
+    suite::empty_log_has_no_offsets(&make());
+    suite::append_returns_consecutive_offsets(&make());
+    suite::read_returns_what_was_appended_in_order(&make());
+    suite::read_from_middle_offset(&make());
+    suite::read_from_beyond_end_returns_nothing(&make());
+    suite::reader_is_bounded_by_end_at_open(&make());
+    suite::batches_respect_max_records(&make());
+    suite::lineage_is_stable(&make());
+    suite::flush_works(&make());
+    suite::empty_append_is_a_noop(&make());
+    suite::large_values_round_trip(&make());
+    let id = fresh_id("mockreopen");
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    suite::reopen_keeps_records_and_lineage(&mut || {
+        KafkaChangelog::open(id.clone(), mock_options(&mock)).unwrap()
+    });
+}
+
+/// The whole changelog conformance suite against tansu, plus reopen.
+#[test]
+fn conformance_against_tansu() {
+    let Some(b) = bootstrap("conformance_against_tansu") else {
+        return;
+    };
+    use statesnap::conformance::changelog as suite;
+    suite::run_all(&mut || KafkaChangelog::open(fresh_id("conf"), options(&b)).unwrap());
+    let id = fresh_id("reopen");
+    suite::reopen_keeps_records_and_lineage(&mut || {
+        KafkaChangelog::open(id.clone(), options(&b)).unwrap()
+    });
+}

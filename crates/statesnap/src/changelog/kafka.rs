@@ -40,25 +40,33 @@
 //!
 //! # Lineage
 //!
-//! librdkafka knows the topic id (KIP-516) but the `rdkafka` crate does not
-//! expose it, and this crate forbids `unsafe`. So the lineage is a **marker
-//! record**: a record with a reserved key (`LINEAGE_MARKER_KEY`) and the
-//! header `statesnap-marker: lineage` whose value is a random UUID. `open`
-//! writes one when the partition holds none; the lineage is the value of the
-//! *lowest-offset* marker (so two processes that race to write one agree).
-//! Readers skip markers (they look like a compaction gap). Consequences:
+//! The design asks for the topic id (KIP-516). librdkafka receives it but the
+//! `rdkafka` crate does not expose it and this crate forbids `unsafe`, so
+//! [`LineageSource::TopicId`] reads it itself: a plaintext TCP connection to a
+//! bootstrap server, `ApiVersions` v0, then `Metadata` v10–v12 for the topic
+//! (a small wire-protocol reader in `kafka/wire.rs`). The lineage is
+//! `topic-id:<uuid>`; deleting and recreating the topic changes it.
 //!
-//! - A freshly created changelog has `end_offset() == 1` (the marker is
-//!   record 0) and the first appended record gets offset 1.
-//! - Compaction keeps the marker: its key is never written again.
-//! - Deleting and recreating the topic loses the marker; the next `open` (or
-//!   `lineage()` call) writes a new one, so the lineage changes.
-//! - If a prefix containing the marker is *deleted* (retention with
-//!   `cleanup.policy=compact,delete`, or DeleteRecords) a new marker is
-//!   written and the lineage changes too. That is the safe direction: stores
-//!   and snapshots from before are refused and rebuilt.
-//! - A topic created by something else (no marker) is scanned once to the
-//!   end by `lineage()` before a marker is appended.
+//! TLS/SASL connections cannot be made that way, and brokers older than
+//! Kafka 2.8 have no topic ids. There [`LineageSource::Marker`] is used (the
+//! default [`LineageSource::Auto`] picks it when `security.protocol` is not
+//! plaintext or the broker has no ids): a **marker record** with a reserved
+//! key ([`LINEAGE_MARKER_KEY`]) and the header `statesnap-marker: lineage`,
+//! whose value is `marker:<random uuid>`. The first `lineage()` call writes
+//! one when the partition holds none; the lineage is the value of the
+//! *lowest-offset* marker (so two processes that race agree). Readers skip
+//! markers (they look like a compaction gap). Limits of the marker:
+//!
+//! - It takes an offset: after the first `lineage()` call on an empty
+//!   changelog, the first user record is offset 1.
+//! - Compaction keeps it (its key is never written again). Deleting and
+//!   recreating the topic loses it, and the next `lineage()` writes a new one,
+//!   so the lineage changes. A *deleted* prefix (retention, DeleteRecords)
+//!   that held it changes the lineage too — the safe direction: older stores
+//!   and snapshots are refused and rebuilt.
+//! - A topic with no marker is scanned to its end once before one is written.
+//! - Switching sources changes the lineage (`topic-id:` vs `marker:`), again
+//!   the safe direction.
 //!
 //! # Tombstone horizon (design invariant 7)
 //!
@@ -73,8 +81,8 @@
 //!   or the high watermark when every record is older. `now` is the injected
 //!   clock, `delete.retention.ms` is read from the topic config at `open`
 //!   (Kafka's default of 1 day if the broker does not say).
-//! - `deleted_before` = the low watermark when `cleanup.policy` includes
-//!   `delete`, else 0.
+//! - `deleted_before` = the low watermark unless `cleanup.policy` is exactly
+//!   `compact` (then 0).
 //!
 //! What is guaranteed: replay from an offset `>= tombstones_before` sees
 //! every delete, *provided* record timestamps do not run ahead of the time
@@ -110,6 +118,8 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+mod wire;
+
 use super::{Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, LoggedRecord, Record};
 use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, ErrorKind, Result};
@@ -124,6 +134,10 @@ const MARKER_HEADER_VALUE: &[u8] = b"lineage";
 /// not report the topic's value.
 pub const DEFAULT_DELETE_RETENTION_MS: i64 = 86_400_000;
 
+/// `max.message.bytes` of a created topic unless set in
+/// [`KafkaOptions::topic_config`]: 16 MiB, so values of a few MiB fit.
+pub const DEFAULT_MAX_MESSAGE_BYTES: &str = "16777216";
+
 /// What [`KafkaChangelog::open`] does with a topic whose `cleanup.policy`
 /// does not include `compact` (its size grows without bound, or — with
 /// `delete` — old state is lost after retention).
@@ -134,6 +148,20 @@ pub enum NonCompactedPolicy {
     /// Refuse to open it (kind `config`). The default.
     #[default]
     Error,
+}
+
+/// Where [`Changelog::lineage`] comes from (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LineageSource {
+    /// The topic id over plaintext connections; a marker record when
+    /// `security.protocol` is anything else, or the broker has no topic ids.
+    #[default]
+    Auto,
+    /// The topic id (KIP-516), read with a Metadata request over a plaintext
+    /// connection. Fails if the broker does not serve topic ids.
+    TopicId,
+    /// A marker record in the partition.
+    Marker,
 }
 
 /// How to connect to Kafka and what topic to create.
@@ -167,6 +195,8 @@ pub struct KafkaOptions {
     pub delivery_timeout: Duration,
     /// The clock for record timestamps and the tombstone horizon.
     pub clock: SharedClock,
+    /// Where the lineage comes from.
+    pub lineage_source: LineageSource,
 }
 
 impl KafkaOptions {
@@ -183,6 +213,7 @@ impl KafkaOptions {
             request_timeout: Duration::from_secs(10),
             delivery_timeout: Duration::from_secs(30),
             clock: system_clock(),
+            lineage_source: LineageSource::default(),
         }
     }
 
@@ -197,6 +228,7 @@ impl KafkaOptions {
     /// | `statesnap.non.compacted.policy` | `warn` / `error` |
     /// | `statesnap.request.timeout.ms` | [`KafkaOptions::request_timeout`] |
     /// | `statesnap.delivery.timeout.ms` | [`KafkaOptions::delivery_timeout`] |
+    /// | `statesnap.lineage` | `auto` / `topic-id` / `marker` ([`LineageSource`]) |
     /// | `statesnap.topic.<name>` | topic config `<name>` for a created topic |
     pub fn from_pairs<I, K, V>(pairs: I) -> Result<Self>
     where
@@ -229,6 +261,14 @@ impl KafkaOptions {
                         "warn" => NonCompactedPolicy::Warn,
                         "error" => NonCompactedPolicy::Error,
                         _ => return Err(bad("expected warn or error")),
+                    }
+                }
+                "statesnap.lineage" => {
+                    o.lineage_source = match v.to_ascii_lowercase().as_str() {
+                        "auto" => LineageSource::Auto,
+                        "topic-id" => LineageSource::TopicId,
+                        "marker" => LineageSource::Marker,
+                        _ => return Err(bad("expected auto, topic-id or marker")),
                     }
                 }
                 "statesnap.request.timeout.ms" => {
@@ -331,6 +371,19 @@ impl KafkaOptions {
         self
     }
 
+    /// Sets where the lineage comes from.
+    pub fn lineage_source(mut self, source: LineageSource) -> Self {
+        self.lineage_source = source;
+        self
+    }
+
+    /// Whether the clients connect without TLS or SASL.
+    fn is_plaintext(&self) -> bool {
+        self.properties
+            .get("security.protocol")
+            .is_none_or(|p| p.trim().eq_ignore_ascii_case("plaintext"))
+    }
+
     /// The librdkafka properties with secret values replaced by `[redacted]`.
     pub fn redacted_properties(&self) -> BTreeMap<String, String> {
         self.properties
@@ -401,6 +454,7 @@ impl fmt::Debug for KafkaOptions {
             .field("request_timeout", &self.request_timeout)
             .field("delivery_timeout", &self.delivery_timeout)
             .field("clock", &self.clock)
+            .field("lineage_source", &self.lineage_source)
             .finish()
     }
 }
@@ -601,7 +655,7 @@ impl fmt::Debug for KafkaChangelog {
 
 impl KafkaChangelog {
     /// Connects, creates the topic if it is missing (compacted), checks its
-    /// cleanup policy, and makes sure the partition has a lineage marker.
+    /// cleanup policy and reads its `delete.retention.ms`.
     ///
     /// Fails with kind `transient` (naming the bootstrap servers) if no broker
     /// answers within [`KafkaOptions::request_timeout`], `not-found` if the
@@ -654,7 +708,18 @@ impl KafkaChangelog {
             )));
         }
 
-        let (cleanup_policy, delete_retention_ms) = describe_topic(&options, &at)?;
+        let (cleanup_policy, delete_retention_ms) = match describe_topic(&options, &at) {
+            Ok(c) => c,
+            // The broker answered metadata but not DescribeConfigs (some
+            // brokers and librdkafka's mock cluster do not implement it).
+            Err(e)
+                if e.is_transient() && options.non_compacted_policy == NonCompactedPolicy::Warn =>
+            {
+                tracing::warn!(changelog = %id, error = %e, "could not read the topic's configs; assuming it is not compacted");
+                ("unknown".to_owned(), DEFAULT_DELETE_RETENTION_MS)
+            }
+            Err(e) => return Err(e),
+        };
         if !cleanup_policy.split(',').any(|p| p.trim() == "compact") {
             let msg = format!(
                 "kafka changelog topic is not compacted changelog=`{id}` cleanup.policy=`{cleanup_policy}`; \
@@ -677,7 +742,6 @@ impl KafkaChangelog {
             cleanup_policy,
             delete_retention_ms,
         };
-        log.lineage()?;
         Ok(log)
     }
 
@@ -740,6 +804,50 @@ impl KafkaChangelog {
             }
         }
         Ok(None)
+    }
+
+    /// `Ok(Ok(lineage))` from the topic id, `Ok(Err(why))` if the broker
+    /// cannot serve one.
+    fn topic_id(&self) -> Result<std::result::Result<Lineage, String>> {
+        match wire::fetch_topic_id(&self.at.bootstrap, &self.id.topic, self.options.request_timeout) {
+            Ok(wire::TopicId::Id(id)) => {
+                Ok(Ok(Lineage(format!("topic-id:{}", uuid::Uuid::from_bytes(id)))))
+            }
+            Ok(wire::TopicId::UnknownTopic) => Err(Error::not_found(format!(
+                "kafka changelog topic does not exist changelog=`{}` bootstrap_servers=`{}`; \
+                 it was deleted — the lineage is gone with it",
+                self.id, self.at.bootstrap
+            ))),
+            Ok(wire::TopicId::Unsupported(why)) => Ok(Err(why)),
+            Err(e) => Err(Error::transient(format!(
+                "kafka topic id lookup failed changelog=`{}` bootstrap_servers=`{}`; is the broker reachable? retry later",
+                self.id, self.at.bootstrap
+            ))
+            .with_source(e)),
+        }
+    }
+
+    /// The lineage from the lowest marker record, writing one if there is none.
+    fn marker_lineage(&self) -> Result<Lineage> {
+        if let Some((_, l)) = self.find_marker()? {
+            return Ok(l);
+        }
+        let lineage = format!("marker:{}", uuid::Uuid::new_v4());
+        let marker = (
+            Bytes::from_static(LINEAGE_MARKER_KEY),
+            Some(Bytes::from(lineage.clone())),
+            true,
+        );
+        let offsets = self.append_raw(&[marker])?;
+        tracing::info!(changelog = %self.id, %lineage, offset = ?offsets.first(), "wrote kafka changelog lineage marker");
+        // Another process may have written one first: the lowest wins.
+        match self.find_marker()? {
+            Some((_, l)) => Ok(l),
+            None => Err(Error::transient(format!(
+                "kafka lineage marker not readable after writing it changelog=`{}` bootstrap_servers=`{}`",
+                self.id, self.at.bootstrap
+            ))),
+        }
     }
 
     fn send_batch(
@@ -877,8 +985,10 @@ impl KafkaChangelog {
         // One batch at a time, so a batch's offsets are consecutive.
         let mut producer = lock(&self.producer);
         let result = self.send_batch(&producer, records);
-        if result.is_err() {
-            if let Some((code, reason)) = producer.client().fatal_error() {
+        if result.is_err()
+            && let Some((code, reason)) = producer.client().fatal_error()
+        {
+            {
                 // An idempotent producer that hit a fatal error (e.g. a
                 // sequence gap after a timeout) refuses further sends: start a
                 // new one for the next append.
@@ -932,33 +1042,39 @@ impl Changelog for KafkaChangelog {
     }
 
     fn lineage(&self) -> Result<Lineage> {
-        if let Some((_, l)) = self.find_marker()? {
-            return Ok(l);
-        }
-        let lineage = uuid::Uuid::new_v4().to_string();
-        let marker = (
-            Bytes::from_static(LINEAGE_MARKER_KEY),
-            Some(Bytes::from(lineage.clone())),
-            true,
-        );
-        let offsets = self.append_raw(&[marker])?;
-        tracing::info!(changelog = %self.id, %lineage, offset = ?offsets.first(), "wrote kafka changelog lineage marker");
-        // Another process may have written one first: the lowest wins.
-        match self.find_marker()? {
-            Some((_, l)) => Ok(l),
-            None => Err(Error::transient(format!(
-                "kafka lineage marker not readable after writing it changelog=`{}` bootstrap_servers=`{}`",
-                self.id, self.at.bootstrap
-            ))),
+        match self.options.lineage_source {
+            LineageSource::Marker => self.marker_lineage(),
+            LineageSource::TopicId => match self.topic_id()? {
+                Ok(l) => Ok(l),
+                Err(why) => Err(Error::config(format!(
+                    "kafka broker does not serve topic ids changelog=`{}` bootstrap_servers=`{}` reason=`{why}`; \
+                     use LineageSource::Marker",
+                    self.id, self.at.bootstrap
+                ))),
+            },
+            LineageSource::Auto if !self.options.is_plaintext() => self.marker_lineage(),
+            LineageSource::Auto => match self.topic_id()? {
+                Ok(l) => Ok(l),
+                Err(why) => {
+                    tracing::warn!(changelog = %self.id, reason = %why, "kafka broker does not serve topic ids; using a lineage marker record");
+                    self.marker_lineage()
+                }
+            },
         }
     }
 
     fn horizon(&self) -> Result<Horizon> {
         let (lo, hi) = self.watermarks()?;
-        let deleted_before = if self.cleanup_policy.split(',').any(|p| p.trim() == "delete") {
-            lo
-        } else {
+        // A compact-only topic moves its log start only by compaction (or
+        // DeleteRecords, which cannot be told apart); anything else may delete.
+        let deleted_before = if self
+            .cleanup_policy
+            .split(',')
+            .all(|p| p.trim() == "compact")
+        {
             0
+        } else {
+            lo
         };
         if lo >= hi {
             return Ok(Horizon {
@@ -1224,6 +1340,9 @@ fn create_producer(options: &KafkaOptions, at: &Where) -> Result<BaseProducer<Ct
         ("batch.size", "1048576"),
         ("queue.buffering.max.messages", "200000"),
         ("compression.type", "none"),
+        // Values of a few MiB are legal (the store suites use 3 MiB); the
+        // topic is created with a matching max.message.bytes.
+        ("message.max.bytes", "16777216"),
     ];
     for (k, v) in defaults {
         if !options.properties.contains_key(k) {
@@ -1304,6 +1423,10 @@ fn create_topic(options: &KafkaOptions, at: &Where) -> Result<()> {
     );
     if !options.topic_config.contains_key("cleanup.policy") {
         topic = topic.set("cleanup.policy", "compact");
+    }
+    if !options.topic_config.contains_key("max.message.bytes") {
+        // Kafka's default (1 MiB + 12) refuses a 1 MiB value with its key.
+        topic = topic.set("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES);
     }
     for (k, v) in &options.topic_config {
         topic = topic.set(k, v);

@@ -45,14 +45,14 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
     pub fn new(store: S, changelog: C) -> Result<Self> {
         let applied = store.applied_offset()?;
         let end = changelog.end_offset()?;
-        if let Some(a) = applied {
-            if a >= end {
-                return Err(Error::stale(format!(
-                    "store is ahead of its changelog changelog=`{}` applied_offset={a} end_offset={end}; \
-                     the changelog was recreated or truncated — delete the store and replay from scratch",
-                    changelog.id()
-                )));
-            }
+        if let Some(a) = applied
+            && a >= end
+        {
+            return Err(Error::stale(format!(
+                "store is ahead of its changelog changelog=`{}` applied_offset={a} end_offset={end}; \
+                 the changelog was recreated or truncated — delete the store and replay from scratch",
+                changelog.id()
+            )));
         }
         Ok(LoggedStore {
             store,
