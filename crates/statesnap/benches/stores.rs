@@ -15,10 +15,7 @@ use statesnap::store::StateStore;
 use statesnap::store::memory::MemoryStore;
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn batches(records: u64, keys: u64, batch: u64) -> Vec<Vec<Record>> {
@@ -62,8 +59,7 @@ fn apply_throughput(c: &mut Criterion) {
         b.iter_batched(
             || {
                 let dir = tempfile::tempdir().expect("tempdir");
-                let s = RocksStore::open(dir.path().join("db"), &RocksOptions::default())
-                    .expect("open");
+                let s = RocksStore::open(dir.path().join("db"), &RocksOptions::default()).expect("open");
                 (dir, s)
             },
             |(dir, mut s)| {
@@ -84,8 +80,7 @@ fn replay_throughput(c: &mut Criterion) {
     let data = batches(records, keys, 10_000);
     let dir = tempfile::tempdir().expect("tempdir");
     let id = ChangelogId::for_store("bench", "replay", 0).expect("id");
-    let log = FileChangelog::open(dir.path().join("log"), id, FileChangelogOptions::default())
-        .expect("open log");
+    let log = FileChangelog::open(dir.path().join("log"), id, FileChangelogOptions::default()).expect("open log");
     for b in &data {
         log.append(b).expect("append");
     }
@@ -111,8 +106,7 @@ fn replay_throughput(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     let d = tempfile::tempdir().expect("tempdir");
-                    let s = RocksStore::open(d.path().join("db"), &RocksOptions::default())
-                        .expect("open");
+                    let s = RocksStore::open(d.path().join("db"), &RocksOptions::default()).expect("open");
                     (d, s)
                 },
                 |(d, mut s)| {
@@ -127,8 +121,7 @@ fn replay_throughput(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     let d = tempfile::tempdir().expect("tempdir");
-                    let s = RocksStore::open(d.path().join("db"), &RocksOptions::default())
-                        .expect("open");
+                    let s = RocksStore::open(d.path().join("db"), &RocksOptions::default()).expect("open");
                     (d, s)
                 },
                 |(d, s)| {

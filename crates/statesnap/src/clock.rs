@@ -34,9 +34,7 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock reading `now_ms`.
     pub fn new(now_ms: i64) -> Self {
-        ManualClock {
-            now: Arc::new(AtomicI64::new(now_ms)),
-        }
+        ManualClock { now: Arc::new(AtomicI64::new(now_ms)) }
     }
     /// Moves the clock forward by `ms`.
     pub fn advance_ms(&self, ms: i64) {

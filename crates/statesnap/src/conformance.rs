@@ -340,11 +340,7 @@ pub mod store {
     use crate::changelog::Record;
     use crate::store::{StateStore, StateStoreExt};
 
-    fn collect<S: StateStore + ?Sized>(
-        s: &S,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-    ) -> Vec<(Bytes, Bytes)> {
+    fn collect<S: StateStore + ?Sized>(s: &S, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Vec<(Bytes, Bytes)> {
         s.range(start, end)
             .expect("range")
             .map(|kv| kv.expect("range item"))
@@ -374,11 +370,9 @@ pub mod store {
 
     /// Puts are readable, deletes remove, deleting a missing key is fine.
     pub fn apply_put_get_delete<S: StateStore>(s: &mut S) {
-        s.apply(&[Record::put("a", "1"), Record::put("b", "2")], 0)
-            .expect("apply");
+        s.apply(&[Record::put("a", "1"), Record::put("b", "2")], 0).expect("apply");
         assert_eq!(s.get(b"a").expect("get").as_deref(), Some(&b"1"[..]));
-        s.apply(&[Record::delete("a"), Record::delete("never-there")], 1)
-            .expect("apply");
+        s.apply(&[Record::delete("a"), Record::delete("never-there")], 1).expect("apply");
         assert_eq!(s.get(b"a").expect("get"), None);
         assert_eq!(s.get(b"b").expect("get").as_deref(), Some(&b"2"[..]));
         s.apply(&[Record::put("b", "3")], 2).expect("apply");
@@ -388,13 +382,7 @@ pub mod store {
     /// Within one batch, the later record for a key wins.
     pub fn later_record_in_batch_wins<S: StateStore>(s: &mut S) {
         s.apply(
-            &[
-                Record::put("k", "1"),
-                Record::delete("k"),
-                Record::put("k", "2"),
-                Record::put("j", "x"),
-                Record::delete("j"),
-            ],
+            &[Record::put("k", "1"), Record::delete("k"), Record::put("k", "2"), Record::put("j", "x"), Record::delete("j")],
             10,
         )
         .expect("apply");
@@ -409,94 +397,42 @@ pub mod store {
         assert_eq!(s.applied_offset().expect("offset"), Some(5));
         s.apply(&[], 9).expect("apply empty");
         assert_eq!(s.applied_offset().expect("offset"), Some(9));
-        s.apply(&[Record::put("a", "2")], 1_000_000_000_000)
-            .expect("apply");
+        s.apply(&[Record::put("a", "2")], 1_000_000_000_000).expect("apply");
         assert_eq!(s.applied_offset().expect("offset"), Some(1_000_000_000_000));
     }
 
     /// Range bounds are honoured exactly; prefixes select exactly their keys.
     pub fn ranges_and_prefixes_are_ordered_and_bounded<S: StateStore>(s: &mut S) {
         let keys = ["a", "ab", "abc", "abd", "b", "ba", "c"];
-        let batch: Vec<_> = keys
-            .iter()
-            .rev()
-            .map(|k| Record::put(*k, format!("v-{k}")))
-            .collect();
+        let batch: Vec<_> = keys.iter().rev().map(|k| Record::put(*k, format!("v-{k}"))).collect();
         s.apply(&batch, 0).expect("apply");
-        let ks = |v: Vec<(Bytes, Bytes)>| {
-            v.into_iter()
-                .map(|(k, _)| String::from_utf8(k.to_vec()).expect("utf8"))
-                .collect::<Vec<_>>()
-        };
+        let ks = |v: Vec<(Bytes, Bytes)>| v.into_iter().map(|(k, _)| String::from_utf8(k.to_vec()).expect("utf8")).collect::<Vec<_>>();
         assert_eq!(ks(collect(s, Bound::Unbounded, Bound::Unbounded)), keys);
-        assert_eq!(
-            ks(collect(s, Bound::Included(b"ab"), Bound::Excluded(b"b"))),
-            ["ab", "abc", "abd"]
-        );
-        assert_eq!(
-            ks(collect(s, Bound::Excluded(b"ab"), Bound::Included(b"b"))),
-            ["abc", "abd", "b"]
-        );
-        assert_eq!(
-            ks(collect(s, Bound::Excluded(b"c"), Bound::Unbounded)),
-            Vec::<String>::new()
-        );
-        assert_eq!(
-            ks(collect(s, Bound::Included(b"b"), Bound::Excluded(b"a"))),
-            Vec::<String>::new(),
-            "inverted range is empty"
-        );
-        assert_eq!(
-            ks(collect(s, Bound::Included(b"b"), Bound::Excluded(b"b"))),
-            Vec::<String>::new()
-        );
-        let p: Vec<_> = s
-            .prefix(b"ab")
-            .expect("prefix")
-            .map(|kv| kv.expect("item").0)
-            .collect();
-        assert_eq!(
-            p,
-            vec![Bytes::from("ab"), Bytes::from("abc"), Bytes::from("abd")]
-        );
+        assert_eq!(ks(collect(s, Bound::Included(b"ab"), Bound::Excluded(b"b"))), ["ab", "abc", "abd"]);
+        assert_eq!(ks(collect(s, Bound::Excluded(b"ab"), Bound::Included(b"b"))), ["abc", "abd", "b"]);
+        assert_eq!(ks(collect(s, Bound::Excluded(b"c"), Bound::Unbounded)), Vec::<String>::new());
+        assert_eq!(ks(collect(s, Bound::Included(b"b"), Bound::Excluded(b"a"))), Vec::<String>::new(), "inverted range is empty");
+        assert_eq!(ks(collect(s, Bound::Included(b"b"), Bound::Excluded(b"b"))), Vec::<String>::new());
+        let p: Vec<_> = s.prefix(b"ab").expect("prefix").map(|kv| kv.expect("item").0).collect();
+        assert_eq!(p, vec![Bytes::from("ab"), Bytes::from("abc"), Bytes::from("abd")]);
         let vals: Vec<_> = collect(s, Bound::Included(b"c"), Bound::Included(b"c"));
         assert_eq!(vals, vec![(Bytes::from("c"), Bytes::from("v-c"))]);
     }
 
     /// Keys compare as unsigned bytes, including 0x00 and 0xff.
     pub fn binary_keys_sort_bytewise<S: StateStore>(s: &mut S) {
-        let keys: Vec<Vec<u8>> = vec![
-            vec![],
-            vec![0],
-            vec![0, 0],
-            vec![0x7f],
-            vec![0x80],
-            vec![0xff],
-            vec![0xff, 0xff],
-        ];
-        let batch: Vec<_> = keys
-            .iter()
-            .rev()
-            .map(|k| Record::put(k.clone(), vec![1u8]))
-            .collect();
+        let keys: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![0x7f], vec![0x80], vec![0xff], vec![0xff, 0xff]];
+        let batch: Vec<_> = keys.iter().rev().map(|k| Record::put(k.clone(), vec![1u8])).collect();
         s.apply(&batch, 0).expect("apply");
-        let got: Vec<Vec<u8>> = collect(s, Bound::Unbounded, Bound::Unbounded)
-            .into_iter()
-            .map(|(k, _)| k.to_vec())
-            .collect();
+        let got: Vec<Vec<u8>> = collect(s, Bound::Unbounded, Bound::Unbounded).into_iter().map(|(k, _)| k.to_vec()).collect();
         assert_eq!(got, keys);
-        let p: Vec<_> = s
-            .prefix(&[0xff])
-            .expect("prefix")
-            .map(|kv| kv.expect("item").0.to_vec())
-            .collect();
+        let p: Vec<_> = s.prefix(&[0xff]).expect("prefix").map(|kv| kv.expect("item").0.to_vec()).collect();
         assert_eq!(p, vec![vec![0xff], vec![0xff, 0xff]]);
     }
 
     /// An empty value is a value, not a delete.
     pub fn empty_values_are_not_deletes<S: StateStore>(s: &mut S) {
-        s.apply(&[Record::put("e", Bytes::new())], 0)
-            .expect("apply");
+        s.apply(&[Record::put("e", Bytes::new())], 0).expect("apply");
         assert_eq!(s.get(b"e").expect("get"), Some(Bytes::new()));
         assert_eq!(collect(s, Bound::Unbounded, Bound::Unbounded).len(), 1);
     }
@@ -504,22 +440,16 @@ pub mod store {
     /// Values of a few MiB round-trip.
     pub fn large_values_round_trip<S: StateStore>(s: &mut S) {
         let big: Vec<u8> = (0..(3 << 20)).map(|i: u32| (i % 251) as u8).collect();
-        s.apply(&[Record::put("big", big.clone())], 0)
-            .expect("apply");
+        s.apply(&[Record::put("big", big.clone())], 0).expect("apply");
         assert_eq!(s.get(b"big").expect("get").as_deref(), Some(&big[..]));
     }
 
     /// The size estimate sees keys arrive (loosely: estimates may lag).
     pub fn size_estimate_tracks_contents<S: StateStore>(s: &mut S) {
-        let batch: Vec<_> = (0..1000u32)
-            .map(|i| Record::put(format!("key-{i:05}"), vec![7u8; 100]))
-            .collect();
+        let batch: Vec<_> = (0..1000u32).map(|i| Record::put(format!("key-{i:05}"), vec![7u8; 100])).collect();
         s.apply(&batch, 0).expect("apply");
         let est = s.approximate_size().expect("size");
-        assert!(
-            est.keys > 0 && est.bytes > 0,
-            "size estimate stayed at zero: {est:?}"
-        );
+        assert!(est.keys > 0 && est.bytes > 0, "size estimate stayed at zero: {est:?}");
     }
 
     /// A deterministic pseudo-random workload matches a `BTreeMap` model.
@@ -543,27 +473,19 @@ pub mod store {
                 } else {
                     let v = Bytes::from(format!("v{}", next() % 1000));
                     model.insert(key.clone(), v.clone());
-                    batch.push(Record {
-                        key,
-                        value: Some(v),
-                    });
+                    batch.push(Record { key, value: Some(v) });
                 }
             }
             s.apply(&batch, batch_no).expect("apply");
         }
-        let got: BTreeMap<Bytes, Bytes> = collect(s, Bound::Unbounded, Bound::Unbounded)
-            .into_iter()
-            .collect();
+        let got: BTreeMap<Bytes, Bytes> = collect(s, Bound::Unbounded, Bound::Unbounded).into_iter().collect();
         assert_eq!(got, model, "store contents differ from model");
         for (k, v) in &model {
             assert_eq!(s.get(k).expect("get").as_ref(), Some(v));
         }
         let lo: &[u8] = b"k100";
         let hi: &[u8] = b"k200";
-        let want: Vec<_> = model
-            .range::<[u8], _>((Bound::Included(lo), Bound::Excluded(hi)))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let want: Vec<_> = model.range::<[u8], _>((Bound::Included(lo), Bound::Excluded(hi))).map(|(k, v)| (k.clone(), v.clone())).collect();
         assert_eq!(collect(s, Bound::Included(lo), Bound::Excluded(hi)), want);
     }
 }

@@ -78,11 +78,7 @@ pub struct Error {
 impl Error {
     /// A new error of `kind` with a lowercase, field-carrying message.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error {
-            kind,
-            message: message.into(),
-            source: None,
-        }
+        Error { kind, message: message.into(), source: None }
     }
 
     /// Attaches the underlying cause.
@@ -166,9 +162,7 @@ impl fmt::Debug for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|s| s as &(dyn std::error::Error + 'static))
+        self.source.as_deref().map(|s| s as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -185,10 +179,7 @@ mod tests {
         let e = Error::io("write failed path=`/x`", io);
         assert_eq!(e.kind(), ErrorKind::Io);
         assert_eq!(e.to_string(), "io error: write failed path=`/x`");
-        assert_eq!(
-            format!("{e:#}"),
-            "io error: write failed path=`/x`: disk on fire"
-        );
+        assert_eq!(format!("{e:#}"), "io error: write failed path=`/x`: disk on fire");
     }
 
     #[test]

@@ -26,10 +26,7 @@ fn id() -> ChangelogId {
 
 fn log_options() -> FileChangelogOptions {
     // Small segments so kills also land around segment rolls.
-    FileChangelogOptions {
-        segment_bytes: 256 << 10,
-        ..FileChangelogOptions::default()
-    }
+    FileChangelogOptions { segment_bytes: 256 << 10, ..FileChangelogOptions::default() }
 }
 
 fn open(dir: &Path) -> LoggedStore<RocksStore, FileChangelog> {
@@ -88,13 +85,7 @@ fn sigkill_mid_commit_recovers_committed_prefix() {
     let mut acknowledged: Option<u64> = None;
     for round in 0..6u64 {
         let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -113,10 +104,7 @@ fn sigkill_mid_commit_recovers_committed_prefix() {
                 }
             }
         }
-        assert!(
-            seen >= want,
-            "child stopped early in round {round} after {seen} commits"
-        );
+        assert!(seen >= want, "child stopped early in round {round} after {seen} commits");
         // SIGKILL: no destructors, no flush, somewhere inside a commit.
         child.kill().unwrap();
         child.wait().unwrap();
@@ -124,19 +112,12 @@ fn sigkill_mid_commit_recovers_committed_prefix() {
         let ls = open(dir.path());
         let end = ls.changelog().end_offset().unwrap();
         let acked = acknowledged.unwrap();
-        assert!(
-            end > acked,
-            "acknowledged commit lost: end_offset={end} acknowledged={acked}"
-        );
+        assert!(end > acked, "acknowledged commit lost: end_offset={end} acknowledged={acked}");
         let applied = ls.store().applied_offset().unwrap().unwrap();
         assert!(applied < end, "store ahead of changelog");
         let want = changelog_contents(ls.changelog());
-        let got: BTreeMap<Bytes, Bytes> =
-            ls.store().iter().unwrap().map(|kv| kv.unwrap()).collect();
+        let got: BTreeMap<Bytes, Bytes> = ls.store().iter().unwrap().map(|kv| kv.unwrap()).collect();
         assert_eq!(got.len(), want.len(), "round {round}: key count differs");
-        assert!(
-            got == want,
-            "round {round}: store differs from the changelog's committed prefix"
-        );
+        assert!(got == want, "round {round}: store differs from the changelog's committed prefix");
     }
 }

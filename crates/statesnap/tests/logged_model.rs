@@ -47,10 +47,7 @@ fn key(k: u8) -> Bytes {
 }
 
 fn small_segments() -> FileChangelogOptions {
-    FileChangelogOptions {
-        segment_bytes: 2048,
-        ..FileChangelogOptions::default()
-    }
+    FileChangelogOptions { segment_bytes: 2048, ..FileChangelogOptions::default() }
 }
 
 fn id() -> ChangelogId {
@@ -172,11 +169,7 @@ fn run<F: Factory>(mut f: F, ops: Vec<Op>) {
     }
     drop(ls);
     let ls = open(&mut f, true);
-    assert_eq!(
-        contents(ls.store()),
-        committed,
-        "full replay from an empty store"
-    );
+    assert_eq!(contents(ls.store()), committed, "full replay from an empty store");
 }
 
 proptest! {

@@ -30,17 +30,11 @@ pub struct Record {
 impl Record {
     /// A put.
     pub fn put(key: impl Into<Bytes>, value: impl Into<Bytes>) -> Self {
-        Record {
-            key: key.into(),
-            value: Some(value.into()),
-        }
+        Record { key: key.into(), value: Some(value.into()) }
     }
     /// A delete (tombstone).
     pub fn delete(key: impl Into<Bytes>) -> Self {
-        Record {
-            key: key.into(),
-            value: None,
-        }
+        Record { key: key.into(), value: None }
     }
     /// Whether this record is a tombstone.
     pub fn is_tombstone(&self) -> bool {
@@ -73,10 +67,7 @@ pub struct LoggedRecord {
 impl LoggedRecord {
     /// The record without its position.
     pub fn into_record(self) -> Record {
-        Record {
-            key: self.key,
-            value: self.value,
-        }
+        Record { key: self.key, value: self.value }
     }
 }
 
@@ -134,13 +125,10 @@ fn validate_topic(topic: &str) -> Result<()> {
         )));
     }
     if topic == "." || topic == ".." {
-        return Err(Error::config(format!(
-            "invalid changelog topic: `{topic}` is reserved"
-        )));
+        return Err(Error::config(format!("invalid changelog topic: `{topic}` is reserved")));
     }
-    if let Some(c) = topic
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    if let Some(c) =
+        topic.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
         return Err(Error::config(format!(
             "invalid changelog topic: only [A-Za-z0-9._-] allowed topic=`{}` char=`{}`",
@@ -313,21 +301,12 @@ mod tests {
 
     #[test]
     fn horizon_refuses_resume_below_tombstone_or_deleted_prefix() {
-        let h = Horizon {
-            tombstones_before: 100,
-            deleted_before: 0,
-        };
-        assert!(
-            h.can_resume_after(None),
-            "full replay is exact under compaction"
-        );
+        let h = Horizon { tombstones_before: 100, deleted_before: 0 };
+        assert!(h.can_resume_after(None), "full replay is exact under compaction");
         assert!(!h.can_resume_after(Some(50)));
         assert!(h.can_resume_after(Some(99)));
         assert!(h.can_resume_after(Some(500)));
-        let d = Horizon {
-            tombstones_before: 0,
-            deleted_before: 10,
-        };
+        let d = Horizon { tombstones_before: 0, deleted_before: 10 };
         assert!(!d.can_resume_after(None));
         assert!(!d.can_resume_after(Some(5)));
         assert!(d.can_resume_after(Some(9)));

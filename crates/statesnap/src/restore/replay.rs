@@ -57,11 +57,7 @@ impl ReplayReport {
     /// Records per second (0 for an empty replay).
     pub fn records_per_sec(&self) -> f64 {
         let s = self.duration.as_secs_f64();
-        if s > 0.0 {
-            self.records as f64 / s
-        } else {
-            0.0
-        }
+        if s > 0.0 { self.records as f64 / s } else { 0.0 }
     }
 }
 

@@ -54,12 +54,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
                 changelog.id()
             )));
         }
-        Ok(LoggedStore {
-            store,
-            changelog,
-            pending: BTreeMap::new(),
-            behind: false,
-        })
+        Ok(LoggedStore { store, changelog, pending: BTreeMap::new(), behind: false })
     }
 
     /// Replays whatever the changelog holds beyond the store's applied offset.
@@ -104,10 +99,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             return Ok(base);
         }
         let over = self.pending.range::<[u8], _>((start, end));
-        Ok(Box::new(MergeIter {
-            base: base.peekable(),
-            over: over.peekable(),
-        }))
+        Ok(Box::new(MergeIter { base: base.peekable(), over: over.peekable() }))
     }
 
     /// Number of distinct keys written since the last commit.
@@ -138,10 +130,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
         let records: Vec<Record> = self
             .pending
             .iter()
-            .map(|(k, v)| Record {
-                key: k.clone(),
-                value: v.clone(),
-            })
+            .map(|(k, v)| Record { key: k.clone(), value: v.clone() })
             .collect();
         // Invariant 1: the changelog first.
         let offsets = self.changelog.append(&records)?;
@@ -157,11 +146,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             self.behind = true;
             return Err(e);
         }
-        Ok(Some(CommitInfo {
-            records: records.len(),
-            first_offset,
-            last_offset,
-        }))
+        Ok(Some(CommitInfo { records: records.len(), first_offset, last_offset }))
     }
 
     fn check_not_behind(&self) -> Result<()> {

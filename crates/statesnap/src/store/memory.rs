@@ -43,20 +43,12 @@ impl MemoryStore {
 
     /// A store holding `cut`'s contents (used by restore).
     pub fn from_cut(cut: MemoryCut) -> Self {
-        MemoryStore {
-            map: cut.map,
-            applied_offset: cut.applied_offset,
-            bytes: cut.bytes,
-        }
+        MemoryStore { map: cut.map, applied_offset: cut.applied_offset, bytes: cut.bytes }
     }
 
     /// An O(1) consistent cut of the contents and applied offset.
     pub fn cut(&self) -> MemoryCut {
-        MemoryCut {
-            map: self.map.clone(),
-            applied_offset: self.applied_offset,
-            bytes: self.bytes,
-        }
+        MemoryCut { map: self.map.clone(), applied_offset: self.applied_offset, bytes: self.bytes }
     }
 
     /// Number of live keys (exact).
@@ -79,10 +71,7 @@ impl StateStore for MemoryStore {
         if super::range_is_empty(start, end) {
             return Ok(Box::new(std::iter::empty()));
         }
-        let it = self
-            .map
-            .range::<_, [u8]>((start, end))
-            .map(|(k, v)| Ok((k.clone(), v.clone())));
+        let it = self.map.range::<_, [u8]>((start, end)).map(|(k, v)| Ok((k.clone(), v.clone())));
         Ok(Box::new(it))
     }
 
@@ -110,10 +99,7 @@ impl StateStore for MemoryStore {
     }
 
     fn approximate_size(&self) -> Result<SizeEstimate> {
-        Ok(SizeEstimate {
-            keys: self.map.len() as u64,
-            bytes: self.bytes,
-        })
+        Ok(SizeEstimate { keys: self.map.len() as u64, bytes: self.bytes })
     }
 }
 
@@ -125,18 +111,9 @@ mod tests {
     #[test]
     fn cut_is_isolated_from_later_writes() {
         let mut s = MemoryStore::new();
-        s.apply(&[Record::put("a", "1"), Record::put("b", "2")], 1)
-            .unwrap();
+        s.apply(&[Record::put("a", "1"), Record::put("b", "2")], 1).unwrap();
         let cut = s.cut();
-        s.apply(
-            &[
-                Record::put("a", "9"),
-                Record::delete("b"),
-                Record::put("c", "3"),
-            ],
-            4,
-        )
-        .unwrap();
+        s.apply(&[Record::put("a", "9"), Record::delete("b"), Record::put("c", "3")], 4).unwrap();
         assert_eq!(cut.applied_offset, Some(1));
         assert_eq!(cut.map.get(&b"a"[..]).map(|v| &v[..]), Some(&b"1"[..]));
         assert!(cut.map.contains_key(&b"b"[..]));
@@ -144,9 +121,6 @@ mod tests {
         assert_eq!(s.get(b"b").unwrap(), None);
         let keys: Vec<_> = s.iter().unwrap().map(|kv| kv.unwrap().0).collect();
         assert_eq!(keys, vec![Bytes::from("a"), Bytes::from("c")]);
-        assert_eq!(
-            s.approximate_size().unwrap(),
-            SizeEstimate { keys: 2, bytes: 4 }
-        );
+        assert_eq!(s.approximate_size().unwrap(), SizeEstimate { keys: 2, bytes: 4 });
     }
 }

@@ -125,11 +125,8 @@ pub(crate) fn rocks_error(what: &str, path: &Path, err: rocksdb::Error) -> Error
     } else {
         ""
     };
-    Error::new(
-        kind,
-        format!("rocksdb {what} failed path=`{}`{hint}", path.display()),
-    )
-    .with_source(err)
+    Error::new(kind, format!("rocksdb {what} failed path=`{}`{hint}", path.display()))
+        .with_source(err)
 }
 
 impl RocksStore {
@@ -149,12 +146,7 @@ impl RocksStore {
         write_opts.set_sync(false);
         write_opts.disable_wal(!options.wal);
         let applied_offset = read_applied_offset(&db, &path)?;
-        Ok(RocksStore {
-            db,
-            path,
-            applied_offset,
-            write_opts,
-        })
+        Ok(RocksStore { db, path, applied_offset, write_opts })
     }
 
     /// The RocksDB handle, for snapshot code (checkpoints, live files).
@@ -172,28 +164,18 @@ impl RocksStore {
         let cfs = [self.data_cf()?, self.meta_cf()?];
         let mut fo = rocksdb::FlushOptions::default();
         fo.set_wait(true);
-        self.db
-            .flush_cfs_opt(&cfs, &fo)
-            .map_err(|e| rocks_error("flush", &self.path, e))
+        self.db.flush_cfs_opt(&cfs, &fo).map_err(|e| rocks_error("flush", &self.path, e))
     }
 
     fn data_cf(&self) -> Result<&rocksdb::ColumnFamily> {
-        self.db
-            .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
-            .ok_or_else(|| {
-                Error::internal(format!(
-                    "default column family missing path=`{}`",
-                    self.path.display()
-                ))
-            })
+        self.db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME).ok_or_else(|| {
+            Error::internal(format!("default column family missing path=`{}`", self.path.display()))
+        })
     }
 
     fn meta_cf(&self) -> Result<&rocksdb::ColumnFamily> {
         self.db.cf_handle(META_CF).ok_or_else(|| {
-            Error::internal(format!(
-                "{META_CF} column family missing path=`{}`",
-                self.path.display()
-            ))
+            Error::internal(format!("{META_CF} column family missing path=`{}`", self.path.display()))
         })
     }
 }
@@ -201,14 +183,9 @@ impl RocksStore {
 /// Reads the applied offset stored in `db`'s metadata column family.
 pub(crate) fn read_applied_offset(db: &DB, path: &Path) -> Result<Option<u64>> {
     let cf = db.cf_handle(META_CF).ok_or_else(|| {
-        Error::corrupt(format!(
-            "rocksdb store has no {META_CF} column family path=`{}`",
-            path.display()
-        ))
+        Error::corrupt(format!("rocksdb store has no {META_CF} column family path=`{}`", path.display()))
     })?;
-    let Some(raw) = db
-        .get_pinned_cf(cf, APPLIED_OFFSET_KEY)
-        .map_err(|e| rocks_error("get", path, e))?
+    let Some(raw) = db.get_pinned_cf(cf, APPLIED_OFFSET_KEY).map_err(|e| rocks_error("get", path, e))?
     else {
         return Ok(None);
     };
@@ -225,10 +202,7 @@ pub(crate) fn read_applied_offset(db: &DB, path: &Path) -> Result<Option<u64>> {
 impl StateStore for RocksStore {
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
         let cf = self.data_cf()?;
-        let v = self
-            .db
-            .get_pinned_cf(cf, key)
-            .map_err(|e| rocks_error("get", &self.path, e))?;
+        let v = self.db.get_pinned_cf(cf, key).map_err(|e| rocks_error("get", &self.path, e))?;
         Ok(v.map(|v| Bytes::copy_from_slice(&v)))
     }
 
@@ -299,9 +273,7 @@ impl StateStore for RocksStore {
         // The offset rides in the same WriteBatch as the data: RocksDB applies
         // (and recovers) a batch all-or-nothing, so they cannot disagree.
         wb.put_cf(meta, APPLIED_OFFSET_KEY, applied_offset.to_le_bytes());
-        self.db
-            .write_opt(wb, &self.write_opts)
-            .map_err(|e| rocks_error("write", &self.path, e))?;
+        self.db.write_opt(wb, &self.write_opts).map_err(|e| rocks_error("write", &self.path, e))?;
         self.applied_offset = Some(applied_offset);
         Ok(())
     }
@@ -320,8 +292,7 @@ impl StateStore for RocksStore {
                 .unwrap_or(0))
         };
         let keys = prop("rocksdb.estimate-num-keys")?;
-        let bytes =
-            prop("rocksdb.estimate-live-data-size")? + prop("rocksdb.cur-size-all-mem-tables")?;
+        let bytes = prop("rocksdb.estimate-live-data-size")? + prop("rocksdb.cur-size-all-mem-tables")?;
         Ok(SizeEstimate { keys, bytes })
     }
 }
@@ -337,8 +308,7 @@ mod tests {
         {
             let mut s = RocksStore::open(dir.path(), &RocksOptions::default()).unwrap();
             assert_eq!(s.applied_offset().unwrap(), None);
-            s.apply(&[Record::put("k1", "v1"), Record::put("k2", "v2")], 7)
-                .unwrap();
+            s.apply(&[Record::put("k1", "v1"), Record::put("k2", "v2")], 7).unwrap();
             s.apply(&[Record::delete("k1")], 8).unwrap();
         }
         let s = RocksStore::open(dir.path(), &RocksOptions::default()).unwrap();
