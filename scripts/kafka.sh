@@ -10,8 +10,9 @@
 #
 # Exports after kafka_start:
 #   STATESNAP_TEST_KAFKA_BOOTSTRAP  127.0.0.1:<port> of the shared broker
-#   STATESNAP_TEST_KAFKA_CMD        the broker command line with {port} and
-#                                   {dir} placeholders, so a test can run (and
+#   STATESNAP_TEST_KAFKA_CMD        the broker command line with a {port}
+#                                   placeholder, to be run with its data dir as
+#                                   working directory, so a test can run (and
 #                                   kill, and restart) a broker of its own
 #   STATESNAP_TEST_KAFKA_BIN        the tansu binary
 #
@@ -82,12 +83,14 @@ _kafka_free_port() {
   return 1
 }
 
-# The broker command line for a port and a data dir ({port}/{dir} when left
-# as placeholders, for tests).
+# The broker command line for a port ({port} when left as a placeholder, for
+# tests). tansu resolves a sqlite:// URL against its working directory (even
+# sqlite:///abs/path becomes <cwd>/abs/path), so the broker runs with its data
+# dir as working directory and the database is ./tansu.db.
 _kafka_cmd() {
-  local port="$1" dir="$2"
-  printf '%s broker --listener-url tcp://127.0.0.1:%s --advertised-listener-url tcp://127.0.0.1:%s --storage-engine sqlite://%s/tansu.db\n' \
-    "$(kafka_bin)" "$port" "$port" "$dir"
+  local port="$1"
+  printf '%s broker --listener-url tcp://127.0.0.1:%s --advertised-listener-url tcp://127.0.0.1:%s --storage-engine sqlite://tansu.db --silent\n' \
+    "$(kafka_bin)" "$port" "$port"
 }
 
 kafka_start() {
@@ -99,10 +102,10 @@ kafka_start() {
   KAFKA_DATA_DIR="$(mktemp -d "${TMPDIR:-/tmp}/statesnap-kafka.XXXXXX")"
   KAFKA_LOG="$KAFKA_DATA_DIR/tansu.log"
   local cmd
-  cmd="$(_kafka_cmd "$port" "$KAFKA_DATA_DIR")"
+  cmd="$(_kafka_cmd "$port")"
   _kafka_log "starting tansu on 127.0.0.1:$port (data $KAFKA_DATA_DIR)"
   # shellcheck disable=SC2086 # the command line is split on purpose
-  $cmd >"$KAFKA_LOG" 2>&1 &
+  (cd "$KAFKA_DATA_DIR" && exec $cmd) >"$KAFKA_LOG" 2>&1 &
   KAFKA_PID=$!
   local i
   for i in $(seq 1 300); do
@@ -125,7 +128,7 @@ kafka_start() {
   export KAFKA_PID KAFKA_DATA_DIR KAFKA_LOG
   export STATESNAP_TEST_KAFKA_BOOTSTRAP="127.0.0.1:$port"
   export STATESNAP_TEST_KAFKA_BIN="$bin"
-  STATESNAP_TEST_KAFKA_CMD="$(_kafka_cmd '{port}' '{dir}')"
+  STATESNAP_TEST_KAFKA_CMD="$(_kafka_cmd '{port}')"
   export STATESNAP_TEST_KAFKA_CMD
 }
 

@@ -4,9 +4,9 @@
 //! - `STATESNAP_TEST_KAFKA_BOOTSTRAP`: the shared broker (`127.0.0.1:port`).
 //!   Unset: every test that needs it prints a loud skip, or fails when
 //!   `STATESNAP_REQUIRE_KAFKA=1`.
-//! - `STATESNAP_TEST_KAFKA_CMD`: the broker command line with `{port}` and
-//!   `{dir}` placeholders, for the tests that stop and restart a broker of
-//!   their own (never the shared one).
+//! - `STATESNAP_TEST_KAFKA_CMD`: the broker command line with a `{port}`
+//!   placeholder, run with its data dir as working directory, for the tests
+//!   that stop and restart a broker of their own (never the shared one).
 #![cfg(feature = "kafka")]
 #![allow(clippy::unwrap_used)]
 
@@ -119,6 +119,7 @@ impl OwnBroker {
             .unwrap();
         let child = Command::new(prog)
             .args(parts)
+            .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
