@@ -660,3 +660,61 @@ fn conformance_against_tansu() {
         KafkaChangelog::open(id.clone(), options(&b)).unwrap()
     });
 }
+
+/// The broker-down path on the mock cluster (tansu's own-broker variant is
+/// `broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly`).
+#[test]
+fn mock_cluster_broker_down_fails_the_commit_and_recovery_is_exact() {
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let id = fresh_id("mockdown");
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let opts = mock_options(&mock).delivery_timeout(Duration::from_secs(2));
+    let log = KafkaChangelog::open(id.clone(), opts.clone()).unwrap();
+    let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..50u32 {
+        let (k, v) = (
+            Bytes::from(format!("k{}", i % 7)),
+            Bytes::from(format!("v{i}")),
+        );
+        store.put(k.clone(), v.clone());
+        model.insert(k, v);
+        store.commit().unwrap();
+    }
+    let applied = store.store().applied_offset().unwrap();
+
+    mock.broker_down(1).unwrap();
+    store.put("during-outage", "x");
+    let err = store.commit().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(err.to_string().contains(&mock.bootstrap_servers()), "{err}");
+    assert_eq!(
+        store.store().applied_offset().unwrap(),
+        applied,
+        "nothing applied"
+    );
+    assert_eq!(store.store().get(b"during-outage").unwrap(), None);
+
+    mock.broker_up(1).unwrap();
+    let mut committed = false;
+    for _ in 0..20 {
+        match store.commit() {
+            Ok(_) => {
+                committed = true;
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    }
+    assert!(committed, "commit after the broker came back");
+    model.insert(Bytes::from("during-outage"), Bytes::from("x"));
+    drop(store);
+    let log = KafkaChangelog::open(id, opts).unwrap();
+    let mut fresh = MemoryStore::new();
+    replay(&mut fresh, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
+    assert_eq!(got, model);
+}
