@@ -9,6 +9,8 @@
 //! holding records `0..=9` has `end_offset() == 10`.
 
 pub mod file;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,153 @@
+//! Kafka changelog benchmarks against a real broker
+//! (`STATESNAP_TEST_KAFKA_BOOTSTRAP`, started by `scripts/kafka.sh`; skipped
+//! with a message when unset).
+//!
+//! - `kafka_append`: batches of 10 000 records with 100-byte values,
+//!   `acks=all`, idempotent producer — records/s and bytes/s.
+//! - With `STATESNAP_BENCH_KAFKA_MOCK=1` (and no bootstrap) both run against
+//!   librdkafka's in-process mock cluster instead: client-side figures only.
+//! - `kafka_replay`: full replay of `STATESNAP_BENCH_KAFKA_RECORDS` (default
+//!   300 000) distinct-key records into a `MemoryStore`, next to a plain read
+//!   of the same records (no store) to tell client/broker cost from store cost.
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use std::time::Duration;
+
+use statesnap::changelog::kafka::{KafkaChangelog, KafkaOptions, NonCompactedPolicy};
+use statesnap::changelog::{Changelog, ChangelogId, Record};
+use statesnap::restore::{ReplayOptions, replay};
+use statesnap::store::memory::MemoryStore;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+type Mock = rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>;
+
+/// The broker to use: the real one, or a mock cluster (kept alive by the caller).
+fn bootstrap(mock: &mut Option<Mock>) -> Option<String> {
+    match std::env::var("STATESNAP_TEST_KAFKA_BOOTSTRAP") {
+        Ok(b) if !b.is_empty() => Some(b),
+        _ if std::env::var("STATESNAP_BENCH_KAFKA_MOCK").is_ok_and(|v| v == "1") => {
+            let m = Mock::new(1).expect("mock cluster");
+            let b = m.bootstrap_servers();
+            *mock = Some(m);
+            eprintln!(
+                "*** kafka benches on librdkafka's MOCK cluster (client-side figures only) ***"
+            );
+            Some(b)
+        }
+        _ => {
+            eprintln!(
+                "*** kafka benches skipped: STATESNAP_TEST_KAFKA_BOOTSTRAP is unset (see scripts/kafka.sh) ***"
+            );
+            None
+        }
+    }
+}
+
+fn open(bootstrap: &str, store: &str, mock: Option<&Mock>) -> KafkaChangelog {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let id = ChangelogId::for_store(&format!("bench{}", &run[..8]), store, 0).expect("topic name");
+    let mut options = KafkaOptions::new(bootstrap);
+    if let Some(m) = mock {
+        m.create_topic(&id.topic, 1, 1).expect("mock topic");
+        options = options
+            .request_timeout(Duration::from_secs(1))
+            .non_compacted_policy(NonCompactedPolicy::Warn);
+    }
+    KafkaChangelog::open(id, options).expect("open kafka changelog")
+}
+
+fn batch(start: u64, n: u64) -> Vec<Record> {
+    (start..start + n)
+        .map(|i| {
+            let mut v = vec![b'v'; 100];
+            v[..8].copy_from_slice(&i.to_le_bytes());
+            Record::put(format!("key-{i:012}"), v)
+        })
+        .collect()
+}
+
+fn append_throughput(c: &mut Criterion) {
+    let mut mock = None;
+    let Some(b) = bootstrap(&mut mock) else {
+        return;
+    };
+    let log = open(&b, "append", mock.as_ref());
+    let records = batch(0, 10_000);
+    let bytes: u64 = records
+        .iter()
+        .map(|r| (r.key.len() + r.value.as_ref().map_or(0, |v| v.len())) as u64)
+        .sum();
+    let mut g = c.benchmark_group("kafka_append");
+    g.sample_size(10).measurement_time(Duration::from_secs(15));
+    g.throughput(Throughput::Elements(records.len() as u64));
+    g.bench_function("batch_10k_100B_records", |bn| {
+        bn.iter(|| log.append(&records).expect("append"))
+    });
+    g.throughput(Throughput::Bytes(bytes));
+    g.bench_function("batch_10k_100B_bytes", |bn| {
+        bn.iter(|| log.append(&records).expect("append"))
+    });
+    g.finish();
+}
+
+fn replay_throughput(c: &mut Criterion) {
+    let mut mock = None;
+    let Some(b) = bootstrap(&mut mock) else {
+        return;
+    };
+    let n = env_u64("STATESNAP_BENCH_KAFKA_RECORDS", 300_000);
+    let log = open(&b, "replay", mock.as_ref());
+    let mut i = 0;
+    while i < n {
+        let k = 10_000.min(n - i);
+        log.append(&batch(i, k)).expect("prefill");
+        i += k;
+    }
+    let start = log.start_offset().expect("start");
+    let end = log.end_offset().expect("end");
+    eprintln!("kafka replay bench: {n} records appended, offsets {start}..{end}");
+
+    // What a full replay reads: compaction or (on the mock) a dropped prefix
+    // may leave fewer than `n`.
+    let readable = {
+        let mut r = log.read_from(0).expect("read");
+        let mut got = 0u64;
+        while let Some(b) = r.next_batch(10_000).expect("batch") {
+            got += b.len() as u64;
+        }
+        got
+    };
+    eprintln!("kafka replay bench: {readable} records readable");
+
+    let mut g = c.benchmark_group("kafka_replay");
+    g.sample_size(10).measurement_time(Duration::from_secs(20));
+    g.throughput(Throughput::Elements(readable));
+    g.bench_function("read_only", |bn| {
+        bn.iter(|| {
+            let mut r = log.read_from(0).expect("read");
+            let mut got = 0u64;
+            while let Some(b) = r.next_batch(10_000).expect("batch") {
+                got += b.len() as u64;
+            }
+            assert!(got > 0);
+            got
+        })
+    });
+    g.bench_function("into_memory_store", |bn| {
+        bn.iter_batched(
+            MemoryStore::new,
+            |mut s| replay(&mut s, &log, &ReplayOptions::default(), &mut |_| {}).expect("replay"),
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, append_throughput, replay_throughput);
+criterion_main!(benches);

@@ -1,0 +1,720 @@
+//! `KafkaChangelog` against a real Kafka-protocol broker (tansu, started by
+//! `scripts/kafka.sh`).
+//!
+//! - `STATESNAP_TEST_KAFKA_BOOTSTRAP`: the shared broker (`127.0.0.1:port`).
+//!   Unset: every test that needs it prints a loud skip, or fails when
+//!   `STATESNAP_REQUIRE_KAFKA=1`.
+//! - `STATESNAP_TEST_KAFKA_CMD`: the broker command line with a `{port}`
+//!   placeholder, run with its data dir as working directory, for the tests
+//!   that stop and restart a broker of their own (never the shared one).
+#![cfg(feature = "kafka")]
+#![allow(clippy::unwrap_used)]
+
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use statesnap::ErrorKind;
+use statesnap::changelog::kafka::{
+    KafkaChangelog, KafkaOptions, LineageSource, NonCompactedPolicy,
+};
+use statesnap::changelog::{Changelog, ChangelogId, LoggedRecord, Record};
+use statesnap::clock::{ManualClock, SharedClock, system_clock};
+use statesnap::restore::{ReplayOptions, replay};
+use statesnap::store::logged::LoggedStore;
+use statesnap::store::memory::MemoryStore;
+use statesnap::store::{StateStore, StateStoreExt};
+
+fn required() -> bool {
+    std::env::var("STATESNAP_REQUIRE_KAFKA").is_ok_and(|v| v == "1")
+}
+
+fn env_or_skip(var: &str, test: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            assert!(
+                !required(),
+                "{var} is unset but STATESNAP_REQUIRE_KAFKA=1 ({test})"
+            );
+            eprintln!(
+                "\n*** SKIPPED {test}: {var} is unset — run scripts/test.sh (or source scripts/kafka.sh; \
+                 kafka_install; kafka_start) to test against a real broker ***\n"
+            );
+            None
+        }
+    }
+}
+
+fn bootstrap(test: &str) -> Option<String> {
+    env_or_skip("STATESNAP_TEST_KAFKA_BOOTSTRAP", test)
+}
+
+/// A topic name no other test or run uses.
+fn fresh_id(store: &str) -> ChangelogId {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    ChangelogId::for_store(&format!("t{}", &run[..12]), store, 0).unwrap()
+}
+
+fn options(bootstrap: &str) -> KafkaOptions {
+    KafkaOptions::new(bootstrap)
+        .request_timeout(Duration::from_secs(10))
+        .delivery_timeout(Duration::from_secs(10))
+}
+
+fn read_all(log: &dyn Changelog, from: u64) -> Vec<LoggedRecord> {
+    let mut r = log.read_from(from).unwrap();
+    let mut out = Vec::new();
+    while let Some(b) = r.next_batch(1000).unwrap() {
+        out.extend(b);
+    }
+    out
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A broker process this test owns, on its own port and data dir.
+struct OwnBroker {
+    template: String,
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl OwnBroker {
+    fn new(template: String, dir: &Path) -> Self {
+        OwnBroker {
+            template,
+            port: free_port(),
+            dir: dir.to_owned(),
+            child: None,
+        }
+    }
+
+    fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn start(&mut self) {
+        let line = self
+            .template
+            .replace("{port}", &self.port.to_string())
+            .replace("{dir}", &self.dir.display().to_string());
+        let mut parts = line.split_whitespace();
+        let prog = parts.next().unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("broker.log"))
+            .unwrap();
+        let child = Command::new(prog)
+            .args(parts)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "own broker did not start; see {}/broker.log",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[test]
+fn append_returns_consecutive_offsets_and_reads_them_back() {
+    let Some(b) = bootstrap("append_returns_consecutive_offsets_and_reads_them_back") else {
+        return;
+    };
+    let now = system_clock().now_ms();
+    let clock = ManualClock::new(now);
+    let log = KafkaChangelog::open(
+        fresh_id("basic"),
+        options(&b).clock(Arc::new(clock.clone())),
+    )
+    .unwrap();
+    assert_eq!(log.cleanup_policy(), "compact");
+    let end0 = log.end_offset().unwrap();
+    assert!(
+        end0 <= 1,
+        "a fresh changelog holds at most its lineage marker, end_offset={end0}"
+    );
+    assert!(
+        read_all(&log, 0).is_empty(),
+        "the lineage marker is not returned as a record"
+    );
+
+    let batch = vec![
+        Record::put("a", "1"),
+        Record::put("b", Bytes::new()),
+        Record::delete("a"),
+        Record::put(Bytes::new(), "empty-key"),
+        Record::put(vec![0u8, 0xff], vec![0u8; 3]),
+    ];
+    let offsets = log.append(&batch).unwrap();
+    assert_eq!(offsets, (end0..end0 + 5).collect::<Vec<_>>());
+    assert_eq!(log.end_offset().unwrap(), end0 + 5);
+    assert!(log.start_offset().unwrap() <= end0);
+
+    let got = read_all(&log, 0);
+    let recs: Vec<Record> = got.iter().cloned().map(LoggedRecord::into_record).collect();
+    assert_eq!(
+        recs, batch,
+        "tombstones stay tombstones, empty values stay empty"
+    );
+    assert_eq!(got.iter().map(|r| r.offset).collect::<Vec<_>>(), offsets);
+    assert!(
+        got.iter().all(|r| r.timestamp_ms == now),
+        "timestamps come from the injected clock: {got:?}"
+    );
+
+    // From the middle, and bounded by the end at call time.
+    let mid = read_all(&log, offsets[2]);
+    assert_eq!(
+        mid.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        offsets[2..].to_vec()
+    );
+    let mut reader = log.read_from(offsets[0]).unwrap();
+    assert_eq!(reader.end_offset(), end0 + 5);
+    let more = log.append(&[Record::put("late", "x")]).unwrap();
+    assert_eq!(more, vec![end0 + 5]);
+    let mut seen = Vec::new();
+    while let Some(b) = reader.next_batch(2).unwrap() {
+        assert!(b.len() <= 2);
+        seen.extend(b.into_iter().map(|r| r.offset));
+    }
+    assert_eq!(
+        seen, offsets,
+        "a reader stops at the end offset seen when it was opened"
+    );
+    assert!(read_all(&log, end0 + 6).is_empty());
+    assert!(read_all(&log, 1_000_000).is_empty());
+    assert_eq!(log.append(&[]).unwrap(), Vec::<u64>::new());
+    log.flush().unwrap();
+
+    // The reserved marker key is refused.
+    let err = log
+        .append(&[Record::put(
+            statesnap::changelog::kafka::LINEAGE_MARKER_KEY.to_vec(),
+            "x",
+        )])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+}
+
+#[test]
+fn a_batch_of_ten_thousand_gets_consecutive_offsets_in_order() {
+    let Some(b) = bootstrap("a_batch_of_ten_thousand_gets_consecutive_offsets_in_order") else {
+        return;
+    };
+    let log = KafkaChangelog::open(fresh_id("big"), options(&b)).unwrap();
+    let batch: Vec<Record> = (0..10_000u32)
+        .map(|i| Record::put(format!("k{i:05}"), vec![(i % 251) as u8; 100]))
+        .collect();
+    let offsets = log.append(&batch).unwrap();
+    assert_eq!(offsets.len(), 10_000);
+    assert!(
+        offsets.windows(2).all(|w| w[1] == w[0] + 1),
+        "offsets are consecutive"
+    );
+    let got = read_all(&log, offsets[0]);
+    assert_eq!(got.len(), 10_000);
+    assert!(
+        got.iter()
+            .zip(&batch)
+            .all(|(g, r)| g.key == r.key && g.value == r.value)
+    );
+}
+
+#[test]
+fn end_to_end_logged_store_rebuilds_from_kafka_by_full_replay() {
+    let Some(b) = bootstrap("end_to_end_logged_store_rebuilds_from_kafka_by_full_replay") else {
+        return;
+    };
+    let id = fresh_id("e2e");
+    let log = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
+    let mut model: BTreeMap<Bytes, Bytes> = BTreeMap::new();
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let commits = 2_000;
+    for c in 0..commits {
+        for _ in 0..(1 + next() % 8) {
+            let key = Bytes::from(format!("key-{:04}", next() % 500));
+            if next() % 5 == 0 {
+                store.delete(key.clone());
+                model.remove(&key);
+            } else {
+                let v = Bytes::from(format!("v{c}-{}", next() % 1000));
+                store.put(key.clone(), v.clone());
+                model.insert(key, v);
+            }
+        }
+        store.commit().unwrap();
+    }
+    let applied = store.store().applied_offset().unwrap();
+    drop(store);
+
+    // A new machine: empty store, same topic.
+    let log = KafkaChangelog::open(id, options(&b)).unwrap();
+    let mut fresh = MemoryStore::new();
+    let report = replay(&mut fresh, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(fresh.applied_offset().unwrap(), applied);
+    assert!(report.records > 0);
+    let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
+    assert_eq!(got, model);
+}
+
+#[cfg(feature = "rocksdb")]
+#[test]
+fn end_to_end_rocks_store_rebuilds_from_kafka_by_full_replay() {
+    use statesnap::store::rocks::{RocksOptions, RocksStore};
+    let Some(b) = bootstrap("end_to_end_rocks_store_rebuilds_from_kafka_by_full_replay") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let id = fresh_id("e2erocks");
+    let log = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let mut store = LoggedStore::new(
+        RocksStore::open(dir.path().join("a"), &RocksOptions::default()).unwrap(),
+        log,
+    )
+    .unwrap();
+    let mut model: BTreeMap<Bytes, Bytes> = BTreeMap::new();
+    for c in 0..1_000u32 {
+        let key = Bytes::from(format!("key-{:04}", (c * 7919) % 300));
+        if c % 6 == 0 {
+            store.delete(key.clone());
+            model.remove(&key);
+        } else {
+            let v = Bytes::from(format!("v{c}"));
+            store.put(key.clone(), v.clone());
+            model.insert(key, v);
+        }
+        store.commit().unwrap();
+    }
+    drop(store);
+    let log = KafkaChangelog::open(id, options(&b)).unwrap();
+    let mut fresh = RocksStore::open(dir.path().join("b"), &RocksOptions::default()).unwrap();
+    replay(&mut fresh, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
+    assert_eq!(got, model);
+}
+
+#[test]
+fn broker_down_at_startup_is_a_transient_error_naming_the_bootstrap_servers() {
+    // Needs no broker: nothing listens on this port.
+    let port = free_port();
+    let servers = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    let err = KafkaChangelog::open(
+        fresh_id("down"),
+        KafkaOptions::new(&servers).request_timeout(Duration::from_secs(2)),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(
+        err.to_string().contains(&servers),
+        "error names the bootstrap servers: {err}"
+    );
+    // Bounded by the request timeout (generous margin; speed is for benches).
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "open took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly() {
+    let test = "broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly";
+    let Some(template) = env_or_skip("STATESNAP_TEST_KAFKA_CMD", test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = OwnBroker::new(template, dir.path());
+    broker.start();
+    let opts = KafkaOptions::new(broker.bootstrap())
+        .request_timeout(Duration::from_secs(3))
+        .delivery_timeout(Duration::from_secs(3));
+    let id = fresh_id("restart");
+    let log = KafkaChangelog::open(id.clone(), opts.clone()).unwrap();
+    let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..100u32 {
+        let (k, v) = (
+            Bytes::from(format!("k{}", i % 30)),
+            Bytes::from(format!("v{i}")),
+        );
+        store.put(k.clone(), v.clone());
+        model.insert(k, v);
+        store.commit().unwrap();
+    }
+    let applied = store.store().applied_offset().unwrap();
+
+    broker.stop();
+    store.put("during-outage", "x");
+    let err = store.commit().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(err.to_string().contains(&broker.bootstrap()), "{err}");
+    assert_eq!(
+        store.store().applied_offset().unwrap(),
+        applied,
+        "nothing applied to the store"
+    );
+    assert_eq!(store.store().get(b"during-outage").unwrap(), None);
+    assert_eq!(
+        store.pending_len(),
+        1,
+        "the failed writes stay pending for a retry"
+    );
+
+    broker.start(); // same port, same data dir
+    let mut committed = false;
+    for _ in 0..20 {
+        match store.commit() {
+            Ok(_) => {
+                committed = true;
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    }
+    assert!(committed, "commit after the broker restarted");
+    model.insert(Bytes::from("during-outage"), Bytes::from("x"));
+    store.put("after", "y");
+    store.commit().unwrap();
+    model.insert(Bytes::from("after"), Bytes::from("y"));
+    assert!(store.store().applied_offset().unwrap() > applied);
+    drop(store);
+
+    let log = KafkaChangelog::open(id, opts).unwrap();
+    let mut fresh = MemoryStore::new();
+    replay(&mut fresh, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
+    assert_eq!(got, model, "replay after the restart is exact");
+}
+
+#[test]
+fn non_compacted_topic_warns_or_errors_per_policy() {
+    let Some(b) = bootstrap("non_compacted_topic_warns_or_errors_per_policy") else {
+        return;
+    };
+    let id = fresh_id("nocompact");
+    let warn = options(&b)
+        .topic_config("cleanup.policy", "delete")
+        .non_compacted_policy(NonCompactedPolicy::Warn);
+    let log = KafkaChangelog::open(id.clone(), warn).unwrap();
+    assert_eq!(log.cleanup_policy(), "delete");
+    log.append(&[Record::put("k", "v")]).unwrap();
+    let h = log.horizon().unwrap();
+    assert_eq!(
+        h.deleted_before,
+        log.start_offset().unwrap(),
+        "a delete policy reports its log start as deleted"
+    );
+    drop(log);
+
+    let err = KafkaChangelog::open(id.clone(), options(&b)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cleanup.policy=`delete`") && msg.contains(&id.topic),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_topic_without_creation_is_not_found() {
+    let Some(b) = bootstrap("missing_topic_without_creation_is_not_found") else {
+        return;
+    };
+    let err =
+        KafkaChangelog::open(fresh_id("absent"), options(&b).create_topic(false)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let err = KafkaChangelog::open(
+        ChangelogId::new(fresh_id("p").topic, 5).unwrap(),
+        options(&b),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::NotFound,
+        "partition 5 of a 1-partition topic: {err}"
+    );
+}
+
+#[test]
+fn lineage_is_stable_and_changes_when_the_topic_is_recreated() {
+    let Some(b) = bootstrap("lineage_is_stable_and_changes_when_the_topic_is_recreated") else {
+        return;
+    };
+    let id = fresh_id("lineage");
+    let log = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let l1 = log.lineage().unwrap();
+    log.append(&[Record::put("k", "v")]).unwrap();
+    assert_eq!(log.lineage().unwrap(), l1);
+    drop(log);
+    let again = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    assert_eq!(again.lineage().unwrap(), l1, "reopening keeps the lineage");
+    drop(again);
+
+    KafkaChangelog::delete_topic(&options(&b), &id.topic).unwrap();
+    // Deletion may take a moment to be visible; recreate once it is.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let recreated = loop {
+        match KafkaChangelog::open(id.clone(), options(&b)) {
+            Ok(log) if read_all(&log, 0).is_empty() => break log,
+            Ok(_) | Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Ok(_) => panic!("topic still holds the old records after deletion"),
+            Err(e) => panic!("reopen after delete: {e}"),
+        }
+    };
+    assert_ne!(
+        recreated.lineage().unwrap(),
+        l1,
+        "a recreated topic has a new lineage"
+    );
+}
+
+#[test]
+fn horizon_follows_delete_retention_and_the_injected_clock() {
+    let Some(b) = bootstrap("horizon_follows_delete_retention_and_the_injected_clock") else {
+        return;
+    };
+    let now = system_clock().now_ms();
+    let clock = ManualClock::new(now);
+    let shared: SharedClock = Arc::new(clock.clone());
+    let opts = options(&b)
+        .topic_config("delete.retention.ms", "60000")
+        .clock(shared);
+    let log = KafkaChangelog::open(fresh_id("horizon"), opts).unwrap();
+    assert_eq!(log.delete_retention_ms(), 60_000);
+    let first = log
+        .append(&[Record::put("a", "1"), Record::delete("a")])
+        .unwrap();
+    let h = log.horizon().unwrap();
+    assert_eq!(
+        h.deleted_before, 0,
+        "compact-only topics never report a deleted prefix"
+    );
+    assert!(
+        h.tombstones_before <= first[0],
+        "fresh tombstones are all still there: {h:?}"
+    );
+    assert!(h.can_resume_after(Some(first[0])));
+
+    clock.advance_ms(120_000); // every record is now older than delete.retention.ms
+    let h = log.horizon().unwrap();
+    assert_eq!(h.tombstones_before, log.end_offset().unwrap(), "{h:?}");
+    assert!(
+        !h.can_resume_after(Some(first[0])),
+        "a snapshot that old may miss purged deletes"
+    );
+
+    let later = log.append(&[Record::put("b", "2")]).unwrap();
+    let h = log.horizon().unwrap();
+    assert_eq!(h.tombstones_before, later[0], "{h:?}");
+    assert!(h.can_resume_after(Some(later[0] - 1)));
+}
+
+/// librdkafka's in-process mock cluster: exercises produce, fetch, watermarks
+/// and topic ids without a broker. It does not replace tansu (no
+/// DescribeConfigs, so the policy is unknown and only `Warn` opens; no
+/// compaction).
+fn mock_options(
+    mock: &rdkafka::mocking::MockCluster<'_, rdkafka::producer::DefaultProducerContext>,
+) -> KafkaOptions {
+    KafkaOptions::new(mock.bootstrap_servers())
+        .request_timeout(Duration::from_secs(1))
+        .non_compacted_policy(NonCompactedPolicy::Warn)
+}
+
+#[test]
+fn mock_cluster_smoke() {
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let id = fresh_id("mock");
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let log = KafkaChangelog::open(id.clone(), mock_options(&mock)).unwrap();
+    let offsets = log
+        .append(&[
+            Record::put("a", "1"),
+            Record::delete("a"),
+            Record::put("b", ""),
+        ])
+        .unwrap();
+    assert_eq!(offsets, vec![0, 1, 2]);
+    let got: Vec<Record> = read_all(&log, 0)
+        .into_iter()
+        .map(LoggedRecord::into_record)
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            Record::put("a", "1"),
+            Record::delete("a"),
+            Record::put("b", "")
+        ]
+    );
+    let l = log.lineage().unwrap();
+    assert!(l.0.starts_with("topic-id:"), "{l}");
+    assert_eq!(log.lineage().unwrap(), l);
+    let marker = KafkaChangelog::open(
+        id,
+        mock_options(&mock).lineage_source(LineageSource::Marker),
+    )
+    .unwrap();
+    let m = marker.lineage().unwrap();
+    assert!(m.0.starts_with("marker:"), "{m}");
+    assert_eq!(marker.lineage().unwrap(), m);
+    assert_eq!(
+        marker.end_offset().unwrap(),
+        4,
+        "the marker took one offset"
+    );
+    assert_eq!(read_all(&marker, 0).len(), 3, "readers skip the marker");
+}
+
+/// The changelog conformance suite on the mock cluster, every check but
+/// `concurrent_reader_never_sees_torn_records`: the mock keeps a bounded log
+/// per partition and drops its oldest message sets once that check's ~5 MB
+/// are in, moving the low watermark (a deleted prefix, which the check cannot
+/// allow). That check runs against tansu in `conformance_against_tansu`.
+#[test]
+fn mock_cluster_conformance() {
+    use statesnap::conformance::changelog as suite;
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let make = || {
+        let id = fresh_id("mockconf");
+        mock.create_topic(&id.topic, 1, 1).unwrap();
+        KafkaChangelog::open(id, mock_options(&mock)).unwrap()
+    };
+    suite::empty_log_has_no_offsets(&make());
+    suite::append_returns_consecutive_offsets(&make());
+    suite::read_returns_what_was_appended_in_order(&make());
+    suite::read_from_middle_offset(&make());
+    suite::read_from_beyond_end_returns_nothing(&make());
+    suite::reader_is_bounded_by_end_at_open(&make());
+    suite::batches_respect_max_records(&make());
+    suite::lineage_is_stable(&make());
+    suite::flush_works(&make());
+    suite::empty_append_is_a_noop(&make());
+    suite::large_values_round_trip(&make());
+    let id = fresh_id("mockreopen");
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    suite::reopen_keeps_records_and_lineage(&mut || {
+        KafkaChangelog::open(id.clone(), mock_options(&mock)).unwrap()
+    });
+}
+
+/// The whole changelog conformance suite against tansu, plus reopen.
+#[test]
+fn conformance_against_tansu() {
+    let Some(b) = bootstrap("conformance_against_tansu") else {
+        return;
+    };
+    use statesnap::conformance::changelog as suite;
+    suite::run_all(&mut || KafkaChangelog::open(fresh_id("conf"), options(&b)).unwrap());
+    let id = fresh_id("reopen");
+    suite::reopen_keeps_records_and_lineage(&mut || {
+        KafkaChangelog::open(id.clone(), options(&b)).unwrap()
+    });
+}
+
+/// The broker-down path on the mock cluster (tansu's own-broker variant is
+/// `broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly`).
+#[test]
+fn mock_cluster_broker_down_fails_the_commit_and_recovery_is_exact() {
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let id = fresh_id("mockdown");
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let opts = mock_options(&mock).delivery_timeout(Duration::from_secs(2));
+    let log = KafkaChangelog::open(id.clone(), opts.clone()).unwrap();
+    let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..50u32 {
+        let (k, v) = (
+            Bytes::from(format!("k{}", i % 7)),
+            Bytes::from(format!("v{i}")),
+        );
+        store.put(k.clone(), v.clone());
+        model.insert(k, v);
+        store.commit().unwrap();
+    }
+    let applied = store.store().applied_offset().unwrap();
+
+    mock.broker_down(1).unwrap();
+    store.put("during-outage", "x");
+    let err = store.commit().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(err.to_string().contains(&mock.bootstrap_servers()), "{err}");
+    assert_eq!(
+        store.store().applied_offset().unwrap(),
+        applied,
+        "nothing applied"
+    );
+    assert_eq!(store.store().get(b"during-outage").unwrap(), None);
+
+    mock.broker_up(1).unwrap();
+    let mut committed = false;
+    for _ in 0..20 {
+        match store.commit() {
+            Ok(_) => {
+                committed = true;
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    }
+    assert!(committed, "commit after the broker came back");
+    model.insert(Bytes::from("during-outage"), Bytes::from("x"));
+    drop(store);
+    let log = KafkaChangelog::open(id, opts).unwrap();
+    let mut fresh = MemoryStore::new();
+    replay(&mut fresh, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
+    assert_eq!(got, model);
+}
