@@ -499,7 +499,18 @@ impl FileChangelog {
     }
 
     fn sync_all_locked(&self, w: &mut Writer, now: i64) -> Result<()> {
-        for (path, f) in w.unsynced.drain(..) {
+        let r = self.sync_all_inner(w, now);
+        if let Err(e) = &r {
+            // After a failed fsync the kernel may have dropped the dirty pages:
+            // the file no longer says what we wrote. Only a reopen (which
+            // re-validates the tail) may continue.
+            w.poisoned = Some(format!("fsync failed: {e}"));
+        }
+        r
+    }
+
+    fn sync_all_inner(&self, w: &mut Writer, now: i64) -> Result<()> {
+        while let Some((path, f)) = w.unsynced.pop() {
             // Durability: closed segments written under `Never` reach disk on flush.
             f.sync_data()
                 .map_err(|e| io_err("fsync changelog segment", &path, e))?;
