@@ -452,6 +452,28 @@ pub fn decode_segment(bytes: &[u8]) -> Result<DecodedSegment> {
     })
 }
 
+/// Encodes a segment file holding `records` after `header`, exactly as the
+/// changelog writes it. For fixtures, tests and fuzzing; the caller keeps
+/// offsets increasing if it wants a segment that decodes. Records too large
+/// for the format are skipped.
+#[doc(hidden)]
+pub fn encode_segment(header: SegmentHeader, records: &[LoggedRecord]) -> Vec<u8> {
+    let mut out = header.encode().to_vec();
+    for r in records {
+        let value_len = r.value.as_ref().map_or(0, |v| v.len());
+        if check_record_size(r.key.len(), value_len).is_ok() {
+            encode_record(
+                &mut out,
+                r.offset,
+                r.timestamp_ms,
+                &r.key,
+                r.value.as_deref(),
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -57,7 +57,7 @@ use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, Result};
 
 pub use compact::{CompactOptions, CompactionReport};
-pub use format::{DecodedSegment, SegmentHeader, decode_segment};
+pub use format::{DecodedSegment, SegmentHeader, decode_segment, encode_segment};
 
 use format::HEADER_LEN;
 use segment::{IndexBuilder, Segment, SparseIndex};
@@ -523,6 +523,7 @@ impl FileChangelog {
             w.dirty = false;
         }
         if w.dir_dirty {
+            // Durability: segments created under `Never` get their directory entries on disk.
             meta::sync_dir(&self.dir)?;
             w.dir_dirty = false;
         }
