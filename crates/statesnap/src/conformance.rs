@@ -6,9 +6,10 @@
 
 /// The [`Changelog`](crate::changelog::Changelog) suite.
 ///
-/// Each check takes a *fresh, empty* changelog. [`run_all`] runs every check,
+/// Each check takes a *fresh, empty* changelog. [`run_all`](changelog::run_all) runs every check,
 /// each on a new changelog from `make`. Backends that can be closed and
-/// opened again also run [`reopen_keeps_records_and_lineage`].
+/// opened again also run
+/// [`reopen_keeps_records_and_lineage`](changelog::reopen_keeps_records_and_lineage).
 ///
 /// ```no_run
 /// # use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
