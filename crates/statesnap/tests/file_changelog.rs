@@ -854,23 +854,29 @@ proptest! {
             if let Some(first) = recs.first() {
                 prop_assert_eq!(l.start_offset().unwrap(), first.offset);
             }
-            // Replaying the suffix from the horizon on a state built from the
-            // prefix below it gives the final state.
-            let h = l.horizon().unwrap().tombstones_before as usize;
-            let mut state: BTreeMap<Bytes, Bytes> = BTreeMap::new();
-            for r in &history[..h] {
-                match &r.value {
-                    Some(v) => state.insert(r.key.clone(), v.clone()),
-                    None => state.remove(&r.key),
-                };
+            // Resuming is exact from every offset at or above the horizon: a
+            // state built from the history below `o`, plus a replay from `o`,
+            // gives the final state. (A horizon that is too low fails here.)
+            let h = l.horizon().unwrap().tombstones_before;
+            let end = history.len() as u64;
+            let mut points: Vec<u64> = (0..=8u64).map(|i| h + (end.saturating_sub(h)) * i / 8).collect();
+            points.dedup();
+            for o in points {
+                let mut state: BTreeMap<Bytes, Bytes> = BTreeMap::new();
+                for r in &history[..o as usize] {
+                    match &r.value {
+                        Some(v) => state.insert(r.key.clone(), v.clone()),
+                        None => state.remove(&r.key),
+                    };
+                }
+                for r in read_all(l, o, 64) {
+                    match r.value {
+                        Some(v) => state.insert(r.key, v),
+                        None => state.remove(&r.key),
+                    };
+                }
+                prop_assert_eq!(&state, &model, "resume from offset {} (horizon {})", o, h);
             }
-            for r in read_all(l, h as u64, 64) {
-                match r.value {
-                    Some(v) => state.insert(r.key, v),
-                    None => state.remove(&r.key),
-                };
-            }
-            prop_assert_eq!(state, model.clone());
         }
     }
 }

@@ -90,10 +90,22 @@ struct Rewrite {
 }
 
 impl FileChangelog {
-    /// Compacts the closed segments (never the active one). See the
-    /// [module docs](self) of `compact` for what is kept and why a crash at
-    /// any point leaves a valid log. Runs on the caller's thread; appends and
-    /// reads proceed concurrently; one compaction runs at a time.
+    /// Compacts the closed segments (never the active one): keeps the newest
+    /// record of every key (none at all if the key's newest record is in the
+    /// active segment), purges tombstones older than
+    /// [`CompactOptions::delete_retention`] and advances
+    /// [`Horizon::tombstones_before`] past the highest purged one, persisting
+    /// it before any segment is replaced. Offsets never change.
+    ///
+    /// Crash-safe: changed segments are written to `<base>.log.compacting`,
+    /// fsynced, and renamed over the old ones oldest first (directory fsync
+    /// after each); any crash leaves a valid log and open removes leftovers
+    /// (`docs/format.md`, "Compaction and the tombstone horizon", explains
+    /// why a partly renamed set is still exact).
+    ///
+    /// Runs on the caller's thread; appends and reads proceed concurrently
+    /// (open readers keep reading the old files); one compaction runs at a
+    /// time. Memory: one copy of every distinct key in the log.
     pub fn compact(&self, options: &CompactOptions) -> Result<CompactionReport> {
         let _one_at_a_time = lock(&self.compacting)?;
         let (closed, active, horizon) = {

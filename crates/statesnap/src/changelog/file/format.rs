@@ -345,7 +345,8 @@ fn finish_damaged(
     // not a torn tail (a crash only ever cuts the end), and must not be cut off.
     let min_offset = last.map_or(base, |l| l.saturating_add(1));
     for q in pos + 1..buf.len() {
-        if let Frame::Record(r) = decode_frame(buf, q)
+        if plausible_frame(buf, q, min_offset)
+            && let Frame::Record(r) = decode_frame(buf, q)
             && r.offset >= min_offset
         {
             return Err(Error::corrupt(format!(
@@ -369,6 +370,29 @@ fn finish_damaged(
             reason,
         }),
     })
+}
+
+/// A cheap structural check before the CRC, so that searching damaged bytes
+/// for a valid frame stays fast (a CRC is only computed where the length
+/// fields add up, the frame fits and the offset is not below `min_offset`).
+fn plausible_frame(buf: &[u8], q: usize, min_offset: u64) -> bool {
+    if buf.len().saturating_sub(q) < FRAME_HEADER_LEN {
+        return false;
+    }
+    let body_len = u32_at(buf, q) as u64;
+    let key_len = u32_at(buf, q + 24) as u64;
+    let value_len = u32_at(buf, q + 28);
+    let value_bytes = if value_len == TOMBSTONE {
+        0
+    } else {
+        u64::from(value_len)
+    };
+    if BODY_FIXED_LEN as u64 + key_len + value_bytes != body_len
+        || body_len > (buf.len() - q - 8) as u64
+    {
+        return false;
+    }
+    u64_at(buf, q + 8) >= min_offset
 }
 
 /// How many frames the bytes from `pos` seem to hold, following length fields.
@@ -426,6 +450,28 @@ pub fn decode_segment(bytes: &[u8]) -> Result<DecodedSegment> {
         valid_len: end.valid_len as u64,
         torn_tail_bytes: end.torn.map_or(0, |t| t.bytes as u64),
     })
+}
+
+/// Encodes a segment file holding `records` after `header`, exactly as the
+/// changelog writes it. For fixtures, tests and fuzzing; the caller keeps
+/// offsets increasing if it wants a segment that decodes. Records too large
+/// for the format are skipped.
+#[doc(hidden)]
+pub fn encode_segment(header: SegmentHeader, records: &[LoggedRecord]) -> Vec<u8> {
+    let mut out = header.encode().to_vec();
+    for r in records {
+        let value_len = r.value.as_ref().map_or(0, |v| v.len());
+        if check_record_size(r.key.len(), value_len).is_ok() {
+            encode_record(
+                &mut out,
+                r.offset,
+                r.timestamp_ms,
+                &r.key,
+                r.value.as_deref(),
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -105,6 +105,7 @@ pub(crate) fn write(dir: &Path, meta: &Meta) -> Result<()> {
     drop(f);
     // Durability: rename is the atomic commit point; readers see old or new, never half.
     fs::rename(&tmp, &path).map_err(|e| io("rename", &path, e))?;
+    // Durability: the rename itself survives a crash only once the directory is synced.
     sync_dir(dir)
 }
 

@@ -57,7 +57,7 @@ use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, Result};
 
 pub use compact::{CompactOptions, CompactionReport};
-pub use format::{DecodedSegment, SegmentHeader, decode_segment};
+pub use format::{DecodedSegment, SegmentHeader, decode_segment, encode_segment};
 
 use format::HEADER_LEN;
 use segment::{IndexBuilder, Segment, SparseIndex};
@@ -499,7 +499,18 @@ impl FileChangelog {
     }
 
     fn sync_all_locked(&self, w: &mut Writer, now: i64) -> Result<()> {
-        for (path, f) in w.unsynced.drain(..) {
+        let r = self.sync_all_inner(w, now);
+        if let Err(e) = &r {
+            // After a failed fsync the kernel may have dropped the dirty pages:
+            // the file no longer says what we wrote. Only a reopen (which
+            // re-validates the tail) may continue.
+            w.poisoned = Some(format!("fsync failed: {e}"));
+        }
+        r
+    }
+
+    fn sync_all_inner(&self, w: &mut Writer, now: i64) -> Result<()> {
+        while let Some((path, f)) = w.unsynced.pop() {
             // Durability: closed segments written under `Never` reach disk on flush.
             f.sync_data()
                 .map_err(|e| io_err("fsync changelog segment", &path, e))?;
@@ -512,6 +523,7 @@ impl FileChangelog {
             w.dirty = false;
         }
         if w.dir_dirty {
+            // Durability: segments created under `Never` get their directory entries on disk.
             meta::sync_dir(&self.dir)?;
             w.dir_dirty = false;
         }
