@@ -93,7 +93,11 @@ impl StateStore for MemoryStore {
             let old = match &r.value {
                 Some(v) => {
                     self.bytes += (r.key.len() + v.len()) as u64;
-                    self.map.insert(r.key.clone(), v.clone())
+                    // Own copies: records read from a changelog are slices of
+                    // large read buffers, and keeping one live value would pin
+                    // its whole buffer (the store would hold the log, not the
+                    // state).
+                    self.map.insert(Bytes::copy_from_slice(&r.key), Bytes::copy_from_slice(v))
                 }
                 None => self.map.remove(&r.key[..]),
             };
