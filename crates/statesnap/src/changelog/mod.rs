@@ -242,59 +242,41 @@ pub trait Changelog: Send + Sync {
     fn flush(&self) -> Result<()>;
 }
 
-impl<C: Changelog + ?Sized> Changelog for Box<C> {
-    fn id(&self) -> &ChangelogId {
-        (**self).id()
-    }
-    fn append(&self, batch: &[Record]) -> Result<Vec<u64>> {
-        (**self).append(batch)
-    }
-    fn read_from(&self, from: u64) -> Result<Box<dyn ChangelogReader + '_>> {
-        (**self).read_from(from)
-    }
-    fn start_offset(&self) -> Result<u64> {
-        (**self).start_offset()
-    }
-    fn end_offset(&self) -> Result<u64> {
-        (**self).end_offset()
-    }
-    fn lineage(&self) -> Result<Lineage> {
-        (**self).lineage()
-    }
-    fn horizon(&self) -> Result<Horizon> {
-        (**self).horizon()
-    }
-    fn flush(&self) -> Result<()> {
-        (**self).flush()
-    }
+/// Forwards every [`Changelog`] method through a smart pointer (no method may
+/// fall back to a default, so a wrapper can never silently diverge).
+macro_rules! forward_changelog {
+    ($($ptr:ident)::+) => {
+        impl<C: Changelog + ?Sized> Changelog for $($ptr)::+<C> {
+            fn id(&self) -> &ChangelogId {
+                (**self).id()
+            }
+            fn append(&self, batch: &[Record]) -> Result<Vec<u64>> {
+                (**self).append(batch)
+            }
+            fn read_from(&self, from: u64) -> Result<Box<dyn ChangelogReader + '_>> {
+                (**self).read_from(from)
+            }
+            fn start_offset(&self) -> Result<u64> {
+                (**self).start_offset()
+            }
+            fn end_offset(&self) -> Result<u64> {
+                (**self).end_offset()
+            }
+            fn lineage(&self) -> Result<Lineage> {
+                (**self).lineage()
+            }
+            fn horizon(&self) -> Result<Horizon> {
+                (**self).horizon()
+            }
+            fn flush(&self) -> Result<()> {
+                (**self).flush()
+            }
+        }
+    };
 }
 
-impl<C: Changelog + ?Sized> Changelog for std::sync::Arc<C> {
-    fn id(&self) -> &ChangelogId {
-        (**self).id()
-    }
-    fn append(&self, batch: &[Record]) -> Result<Vec<u64>> {
-        (**self).append(batch)
-    }
-    fn read_from(&self, from: u64) -> Result<Box<dyn ChangelogReader + '_>> {
-        (**self).read_from(from)
-    }
-    fn start_offset(&self) -> Result<u64> {
-        (**self).start_offset()
-    }
-    fn end_offset(&self) -> Result<u64> {
-        (**self).end_offset()
-    }
-    fn lineage(&self) -> Result<Lineage> {
-        (**self).lineage()
-    }
-    fn horizon(&self) -> Result<Horizon> {
-        (**self).horizon()
-    }
-    fn flush(&self) -> Result<()> {
-        (**self).flush()
-    }
-}
+forward_changelog!(Box);
+forward_changelog!(std::sync::Arc);
 
 #[cfg(test)]
 mod tests {
