@@ -26,7 +26,8 @@ fn key(i: u64) -> Bytes {
 /// 100 bytes, distinct per (key, generation), mildly compressible.
 fn value(i: u64, generation: u64) -> Bytes {
     let mut v = Vec::with_capacity(100);
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ generation.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let mut x =
+        i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ generation.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     while v.len() < 100 {
         x ^= x >> 31;
         x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -171,7 +172,10 @@ async fn one_percent_delta_and_range_change_share_chunks() {
     // 1 % of keys at random.
     let mut rng = Rng(7);
     let changed: BTreeSet<u64> = (0..N / 100).map(|_| rng.next() % N).collect();
-    let batch: Vec<Record> = changed.iter().map(|&i| Record::put(key(i), value(i, 1))).collect();
+    let batch: Vec<Record> = changed
+        .iter()
+        .map(|&i| Record::put(key(i), value(i, 1)))
+        .collect();
     env.apply(&mut store, &batch);
     let delta = env.snapshot(&fmt, &store, Some(&full)).await;
     let meta = PortableMetadata::of(&delta).unwrap();
@@ -187,7 +191,11 @@ async fn one_percent_delta_and_range_change_share_chunks() {
         delta.stats.bytes_uploaded,
         ratio * 100.0
     );
-    assert!(ratio <= 0.05, "delta uploaded {:.2} % of full", ratio * 100.0);
+    assert!(
+        ratio <= 0.05,
+        "delta uploaded {:.2} % of full",
+        ratio * 100.0
+    );
     assert_eq!(delta.stats.bytes_reused, full.stats.bytes_uploaded);
     assert_eq!(contents(&env.restore(&delta).await), contents(&store));
 
@@ -229,8 +237,14 @@ async fn one_percent_delta_and_range_change_share_chunks() {
     fmt.forget_last_cut();
     let full4 = env.snapshot(&fmt, &store, None).await;
     let unshared = unshared_chunk_keys(&env, &full4, &full3).await;
-    let outside = unshared.iter().filter(|ks| !ks.iter().any(in_range)).count();
-    assert!(outside <= 1, "chunks outside the range not shared: {outside}");
+    let outside = unshared
+        .iter()
+        .filter(|ks| !ks.iter().any(in_range))
+        .count();
+    assert!(
+        outside <= 1,
+        "chunks outside the range not shared: {outside}"
+    );
     assert!(unshared.len() <= 5, "unshared chunks: {}", unshared.len());
 }
 
@@ -284,7 +298,9 @@ async fn delta_chain_restores_and_consolidates() {
     assert_eq!(kinds, vec![1, 2, 3, 4, 1, 2, 3, 4, 1]);
 
     // Size bound: a delta larger than 50 % of the base forces a full snapshot.
-    let batch: Vec<Record> = (0..15_000u64).map(|i| Record::put(key(i), value(i, 99))).collect();
+    let batch: Vec<Record> = (0..15_000u64)
+        .map(|i| Record::put(key(i), value(i, 99)))
+        .collect();
     env.apply(&mut store, &batch);
     let m = env.snapshot(&fmt, &store, parent.as_ref()).await;
     assert_eq!(PortableMetadata::of(&m).unwrap().layers.len(), 1);
@@ -299,14 +315,17 @@ async fn gc_keeps_every_snapshot_a_kept_delta_needs() {
     let mut env = Env::new();
     let mut store = MemoryStore::new();
     fill(&mut env, &mut store, 5_000);
-    let fmt = PortableFormat::memory().with_chunking(ChunkParams {
-        min: 2 << 10,
-        target: 8 << 10,
-        max: 32 << 10,
-    })
-    .unwrap();
+    let fmt = PortableFormat::memory()
+        .with_chunking(ChunkParams {
+            min: 2 << 10,
+            target: 8 << 10,
+            max: 32 << 10,
+        })
+        .unwrap();
     let change = |env: &mut Env, store: &mut MemoryStore, g: u64| {
-        let b: Vec<Record> = (g * 10..g * 10 + 50).map(|i| Record::put(key(i), value(i, g))).collect();
+        let b: Vec<Record> = (g * 10..g * 10 + 50)
+            .map(|i| Record::put(key(i), value(i, g)))
+            .collect();
         env.apply(store, &b);
     };
     // f1 <- d1 ; f2 (full) <- d2 <- d3
@@ -341,9 +360,15 @@ async fn gc_keeps_every_snapshot_a_kept_delta_needs() {
         .repo
         .clone()
         .with_max_commit_duration(Duration::from_millis(20));
-    let r1 = gc_repo.gc_store(&env.target.store_key, &opts).await.unwrap();
+    let r1 = gc_repo
+        .gc_store(&env.target.store_key, &opts)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(120)).await;
-    let r2 = gc_repo.gc_store(&env.target.store_key, &opts).await.unwrap();
+    let r2 = gc_repo
+        .gc_store(&env.target.store_key, &opts)
+        .await
+        .unwrap();
 
     let mut dropped: Vec<_> = r1.manifests_deleted.iter().map(|(id, _)| *id).collect();
     dropped.sort();
@@ -351,7 +376,11 @@ async fn gc_keeps_every_snapshot_a_kept_delta_needs() {
     want_dropped.sort();
     assert_eq!(dropped, want_dropped, "only the old chain is dropped");
     assert!(r2.bytes_deleted > 0, "the old chain's own blobs are swept");
-    let listing = env.repo.list_snapshots(&env.target.store_key).await.unwrap();
+    let listing = env
+        .repo
+        .list_snapshots(&env.target.store_key)
+        .await
+        .unwrap();
     let kept: BTreeSet<_> = listing.snapshots.iter().map(|s| s.id()).collect();
     assert_eq!(
         kept,
