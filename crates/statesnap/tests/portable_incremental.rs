@@ -274,7 +274,7 @@ async fn delta_chain_restores_and_consolidates() {
         let mut batch = Vec::new();
         for _ in 0..300 {
             let i = rng.next() % 25_000;
-            if rng.next() % 3 == 0 {
+            if rng.next().is_multiple_of(3) {
                 batch.push(Record::delete(key(i)));
             } else {
                 batch.push(Record::put(key(i), value(i, round + 10)));

@@ -427,7 +427,6 @@ async fn write_layer(
                 }
             })?,
         };
-        drop(push);
         if completed {
             let last = chunker.finish()?;
             emit(last);
