@@ -21,7 +21,11 @@
 //!   [`PortableFormat::new`] — any store type, not necessarily the one that
 //!   wrote the snapshot — then merges the layers (newest wins, tombstones
 //!   drop the key) and applies the result in batches at the snapshot's
-//!   offset.
+//!   offset. On error the target is removed. Every batch carries the
+//!   snapshot's offset, so a *crash* mid-restore can leave a partial store
+//!   at the target claiming that offset: the restorer never reuses a target
+//!   (it clears it and restores again), so open it only through
+//!   [`crate::restore::restore_store`].
 //!
 //! Snapshot file paths are `layer-LLLL/chunk-CCCCCC.sspc`; the manifest's
 //! `format_metadata` lists the layers (see `docs/format.md`).
