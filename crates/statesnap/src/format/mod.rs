@@ -21,6 +21,8 @@
 //! store; [`crate::restore::restore_store`] picks the snapshot, falls back on
 //! failure and replays the changelog tail.
 
+pub mod portable;
+
 use std::future::Future;
 use std::path::Path;
 
