@@ -21,6 +21,9 @@
 //! store; [`crate::restore::restore_store`] picks the snapshot, falls back on
 //! failure and replays the changelog tail.
 
+#[cfg(feature = "rocksdb")]
+pub mod rocks;
+
 use std::future::Future;
 use std::path::Path;
 
