@@ -55,7 +55,7 @@ fn crash_child() {
         let size = 1 + (n % 97) as usize * 13;
         for j in 0..size {
             let k = (n.wrapping_mul(31) + j as u64 * 7) % 500;
-            if (n + j as u64) % 5 == 0 {
+            if (n + j as u64).is_multiple_of(5) {
                 ls.delete(format!("k{k:04}"));
             } else {
                 ls.put(format!("k{k:04}"), vec![(n % 251) as u8; 64 + (j % 300)]);

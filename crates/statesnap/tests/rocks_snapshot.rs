@@ -446,7 +446,7 @@ fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
             let v = noise(seed ^ u64::from(i), 100);
             model.insert(key(i), v.clone());
             ls.put(Bytes::from(key(i)), Bytes::from(v));
-            if i % 500 == 0 {
+            if i.is_multiple_of(500) {
                 ls.commit().unwrap();
             }
         }

@@ -284,11 +284,11 @@ impl StateStore for RocksStore {
                     it.next();
                     continue;
                 }
-                if let Some(e) = &end_incl {
-                    if k > e.as_slice() {
-                        done = true;
-                        return None;
-                    }
+                if let Some(e) = &end_incl
+                    && k > e.as_slice()
+                {
+                    done = true;
+                    return None;
                 }
                 let kv = (Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
                 it.next();
