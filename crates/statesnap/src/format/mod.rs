@@ -22,6 +22,8 @@
 //! failure and replays the changelog tail.
 
 pub mod portable;
+#[cfg(feature = "rocksdb")]
+pub mod rocks;
 
 use std::future::Future;
 use std::path::Path;

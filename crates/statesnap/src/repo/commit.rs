@@ -173,6 +173,14 @@ impl SnapshotWriter {
         Ok(self.add(path, out))
     }
 
+    /// Records a blob stored by the caller (e.g. uploads run concurrently
+    /// with [`Repository::put_blob_file`]) as snapshot file `path`; counted
+    /// as uploaded or reused per `out.uploaded`. Commit re-checks it.
+    pub fn add_uploaded(&mut self, path: &str, out: super::PutOutcome) -> Result<FileEntry> {
+        self.claim(path)?;
+        Ok(self.add(path, out))
+    }
+
     fn add(&mut self, path: &str, out: super::PutOutcome) -> FileEntry {
         if out.uploaded {
             self.bytes_uploaded += out.blob.size;

@@ -98,6 +98,9 @@ pub struct RocksStore {
     path: PathBuf,
     applied_offset: Option<u64>,
     write_opts: WriteOptions,
+    /// A fresh identity per open: SST file names are unique only within one
+    /// incarnation, so snapshot code keys its file-hash cache on it.
+    incarnation: uuid::Uuid,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -105,6 +108,7 @@ impl std::fmt::Debug for RocksStore {
         f.debug_struct("RocksStore")
             .field("path", &self.path)
             .field("applied_offset", &self.applied_offset)
+            .field("incarnation", &self.incarnation)
             .finish_non_exhaustive()
     }
 }
@@ -154,7 +158,15 @@ impl RocksStore {
             path,
             applied_offset,
             write_opts,
+            incarnation: uuid::Uuid::new_v4(),
         })
+    }
+
+    /// This open's identity (new on every [`RocksStore::open`]). Two stores
+    /// restored from the same snapshot, or one directory reopened, never share
+    /// it, so a file name is trusted as identity only together with it.
+    pub fn incarnation(&self) -> uuid::Uuid {
+        self.incarnation
     }
 
     /// The RocksDB handle, for snapshot code (checkpoints, live files).

@@ -1,0 +1,790 @@
+//! The RocksDB store format: checkpoints of immutable SST files, uploaded
+//! incrementally, restored with verification and local-file reuse.
+//!
+//! # Capture
+//!
+//! [`StoreFormat::capture`] creates a RocksDB checkpoint (memtables of both
+//! column families flushed atomically, SST files hard-linked) in a staging
+//! directory on the store's filesystem — by default
+//! `<store path>.statesnap-staging/checkpoint-<uuid>`. The applied offset and
+//! the key/byte statistics are then read *from the checkpoint itself* (opened
+//! read-only with statesnap's column families), so the snapshot's offset is
+//! exactly that of its contents (design invariant 2). The [`RocksCut`] owns
+//! the directory and removes it when dropped, whether the snapshot succeeded
+//! or not; checkpoints left by a crashed process are removed by the next
+//! capture or restore.
+//!
+//! # Incremental write
+//!
+//! SST files never change once written, so a file already in the repository
+//! is not uploaded again. A file *name* is not an identity, though: two stores
+//! restored from one snapshot both go on to write `000042.sst`, with different
+//! bytes. The format therefore keeps a cache keyed on
+//! `(writer incarnation, file name, size) → blake3`, where the incarnation is
+//! [`RocksStore::incarnation`] (new on every open). The cache is filled by
+//! every write and seeded by every restore (the restored files are exactly the
+//! manifest's bytes). Per file:
+//!
+//! * SST with a cached hash that the parent manifest also names → reused
+//!   without any I/O;
+//! * SST with a cached hash the repository already holds (`head`) → reused;
+//! * SST with the same name and size as a parent file but no cached hash (a
+//!   reopened store) → hashed locally, reused if the hash matches;
+//! * anything else, and every small mutable file (`MANIFEST-*`, `CURRENT`,
+//!   `OPTIONS-*`, WAL) → uploaded, hashed while streaming.
+//!
+//! Uploads run concurrently, bounded by the repository's
+//! [`TransferOptions::parallelism`](crate::repo::TransferOptions).
+//!
+//! # Restore
+//!
+//! Files are downloaded (verified: size and blake3, by the repository) into a
+//! staging directory next to the target, `.<name>.statesnap-restore-<uuid>`.
+//! An SST already present in the target directory with the same name, size
+//! *and* blake3 (the local file is hashed) is hard-linked (or copied) instead
+//! of downloaded. Only when every file is in place is the staging directory
+//! renamed over the target (the old target is first renamed aside, and put
+//! back if the restored store fails to open or sits at the wrong offset), and
+//! the parent directory fsynced. A failed restore leaves the target as it was.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use futures::{StreamExt, TryStreamExt};
+use rocksdb::{ColumnFamilyDescriptor, DB};
+
+use super::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
+use crate::error::{Error, Result};
+use crate::repo::{
+    BlobHash, BlobRef, FileEntry, Manifest, PutOutcome, SnapshotStats, SnapshotWriter,
+    StoreFormatId,
+};
+use crate::store::rocks::{META_CF, RocksOptions, RocksStore, read_applied_offset, rocks_error};
+
+/// Name of this format in manifests.
+pub const FORMAT_NAME: &str = "rocksdb";
+/// Version of this format.
+pub const FORMAT_VERSION: u32 = 1;
+
+const CHECKPOINT_PREFIX: &str = "checkpoint-";
+const STAGING_SUFFIX: &str = ".statesnap-staging";
+const RESTORE_MARK: &str = ".statesnap-restore-";
+const OLD_MARK: &str = ".statesnap-old-";
+
+type CacheKey = (uuid::Uuid, String, u64);
+
+/// The RocksDB [`StoreFormat`]. Cheap to clone; clones share the file-hash
+/// cache, so use one format (or its clones) for restores and snapshots of a
+/// store to get the most reuse.
+#[derive(Debug, Clone)]
+pub struct RocksFormat {
+    options: RocksOptions,
+    staging_root: Option<PathBuf>,
+    cache: Arc<Mutex<HashMap<CacheKey, BlobHash>>>,
+}
+
+impl Default for RocksFormat {
+    fn default() -> Self {
+        RocksFormat::new(RocksOptions::default())
+    }
+}
+
+/// A consistent cut of a [`RocksStore`]: a checkpoint directory this value
+/// owns (and removes on drop), with the offset and statistics read from it.
+#[derive(Debug)]
+pub struct RocksCut {
+    dir: PathBuf,
+    files: Vec<(String, u64)>,
+    offset: Option<u64>,
+    keys: u64,
+    logical_bytes: u64,
+    incarnation: uuid::Uuid,
+}
+
+impl RocksCut {
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Files of the checkpoint: name and size, sorted by name.
+    pub fn files(&self) -> &[(String, u64)] {
+        &self.files
+    }
+
+    /// The incarnation of the store it was taken from.
+    pub fn incarnation(&self) -> uuid::Uuid {
+        self.incarnation
+    }
+}
+
+impl Drop for RocksCut {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.dir.display(), error = %e, "cannot remove checkpoint; the next capture will");
+        }
+        unregister_live(&self.dir);
+    }
+}
+
+/// Directories in use by this process (live checkpoints, restores in
+/// flight): leftover cleanup never touches them.
+fn live_dirs() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
+    static LIVE: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    let m = LIVE.get_or_init(|| Mutex::new(HashSet::new()));
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn register_live(p: &Path) {
+    live_dirs().insert(p.to_path_buf());
+}
+
+fn unregister_live(p: &Path) {
+    live_dirs().remove(p);
+}
+
+/// Removes a directory (registered live) when dropped, unless disarmed.
+struct DirGuard {
+    path: PathBuf,
+    armed: bool,
+}
+
+impl DirGuard {
+    fn new(path: PathBuf) -> Self {
+        register_live(&path);
+        DirGuard { path, armed: true }
+    }
+}
+
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        if self.armed
+            && let Err(e) = std::fs::remove_dir_all(&self.path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove staging directory; the next restore will");
+        }
+        unregister_live(&self.path);
+    }
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
+    Error::io(format!("cannot {what} path=`{}`", path.display()), e)
+}
+
+/// Whether RocksDB never rewrites a file of this name once written.
+fn is_immutable(name: &str) -> bool {
+    name.ends_with(".sst") || name.ends_with(".blob")
+}
+
+/// Files of a checkpoint that belong in a snapshot (not the info log or lock).
+fn snapshot_file(name: &str) -> bool {
+    !(name == "LOCK" || name.starts_with("LOG"))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io_err("fsync directory", dir, e))
+}
+
+fn remove_path(p: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes entries of `dir` whose name passes `matches` and that no live cut
+/// or restore of this process uses. Returns how many were removed.
+fn remove_leftovers(dir: &Path, matches: impl Fn(&str) -> bool) -> Result<usize> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err("list directory", dir, e)),
+    };
+    let mut removed = 0;
+    for entry in rd {
+        let entry = entry.map_err(|e| io_err("list directory", dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !matches(&name) {
+            continue;
+        }
+        let p = entry.path();
+        if live_dirs().contains(&p) {
+            continue;
+        }
+        tracing::info!(path = %p.display(), "removing leftover staging directory");
+        remove_path(&p).map_err(|e| io_err("remove leftover staging directory", &p, e))?;
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+fn split_target(target: &Path) -> Result<(PathBuf, String)> {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| {
+            Error::config(format!(
+                "restore target has no directory name path=`{}`",
+                target.display()
+            ))
+        })?;
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((parent, name))
+}
+
+fn hash_file(path: &Path) -> Result<BlobHash> {
+    let f = std::fs::File::open(path).map_err(|e| io_err("open file to hash", path, e))?;
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::io::BufReader::with_capacity(1 << 20, f))
+        .map_err(|e| io_err("read file to hash", path, e))?;
+    Ok(BlobHash::from(h.finalize()))
+}
+
+async fn hash_file_async(path: PathBuf) -> Result<BlobHash> {
+    tokio::task::spawn_blocking(move || hash_file(&path))
+        .await
+        .map_err(|e| Error::internal("file hashing task failed").with_source(e))?
+}
+
+/// What one file's write step produced.
+enum Done {
+    /// Named by the parent manifest: reuse its entry.
+    Reused(FileEntry),
+    /// Stored (uploaded, or found already present).
+    Stored(PutOutcome),
+}
+
+enum Plan {
+    /// Cached hash named by the parent.
+    Reuse(FileEntry),
+    /// Cached hash, not in the parent: the repository may still hold it.
+    Known(BlobHash),
+    /// Same name and size as this parent file, hash unknown: hash locally.
+    CompareLocal(FileEntry),
+    /// Upload (hashing while streaming).
+    Upload,
+}
+
+impl RocksFormat {
+    /// A format opening stores with `options`, staging checkpoints next to
+    /// each store (`<store path>.statesnap-staging`).
+    pub fn new(options: RocksOptions) -> Self {
+        RocksFormat {
+            options,
+            staging_root: None,
+            cache: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Stages checkpoints under `root` instead. It must be on the store's
+    /// filesystem for checkpoints to be hard links rather than copies.
+    pub fn with_staging_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.staging_root = Some(root.into());
+        self
+    }
+
+    /// The store options.
+    pub fn options(&self) -> &RocksOptions {
+        &self.options
+    }
+
+    /// Where checkpoints of the store at `store_path` are staged.
+    pub fn staging_root_for(&self, store_path: &Path) -> PathBuf {
+        match &self.staging_root {
+            Some(r) => r.clone(),
+            None => {
+                let mut s = store_path.as_os_str().to_owned();
+                s.push(STAGING_SUFFIX);
+                PathBuf::from(s)
+            }
+        }
+    }
+
+    /// The blake3 this format knows for file `name` of `size` bytes written
+    /// by store incarnation `incarnation`, if any.
+    pub fn known_hash(&self, incarnation: uuid::Uuid, name: &str, size: u64) -> Option<BlobHash> {
+        self.lock_cache()
+            .get(&(incarnation, name.to_owned(), size))
+            .copied()
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, BlobHash>> {
+        match self.cache.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Removes checkpoints and restore staging left by crashed runs for the
+    /// store at `store_path`. Returns how many entries were removed.
+    pub fn clean_leftovers(&self, store_path: &Path) -> Result<usize> {
+        let mut n = remove_leftovers(&self.staging_root_for(store_path), |name| {
+            name.starts_with(CHECKPOINT_PREFIX)
+        })?;
+        if let Ok((parent, name)) = split_target(store_path) {
+            let restore = format!(".{name}{RESTORE_MARK}");
+            let old = format!(".{name}{OLD_MARK}");
+            n += remove_leftovers(&parent, |e| e.starts_with(&restore) || e.starts_with(&old))?;
+        }
+        Ok(n)
+    }
+
+    fn cf_descriptors(&self) -> (rocksdb::Options, Vec<ColumnFamilyDescriptor>) {
+        let opts = self.options.db_options();
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
+            ColumnFamilyDescriptor::new(META_CF, opts.clone()),
+        ];
+        (opts, cfs)
+    }
+
+    /// Reads offset and statistics from a checkpoint, opened read-only.
+    fn read_checkpoint(&self, dir: &Path) -> Result<(Option<u64>, u64, u64)> {
+        let (opts, cfs) = self.cf_descriptors();
+        let db = DB::open_cf_descriptors_read_only(&opts, dir, cfs, false)
+            .map_err(|e| rocks_error("open checkpoint read-only", dir, e))?;
+        let offset = read_applied_offset(&db, dir)?;
+        let cf = db
+            .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
+            .ok_or_else(|| {
+                Error::corrupt(format!(
+                    "checkpoint has no default column family path=`{}`",
+                    dir.display()
+                ))
+            })?;
+        let prop = |name: &str| -> Result<u64> {
+            Ok(db
+                .property_int_value_cf(cf, name)
+                .map_err(|e| rocks_error("property", dir, e))?
+                .unwrap_or(0))
+        };
+        let keys = prop("rocksdb.estimate-num-keys")?;
+        let bytes = prop("rocksdb.estimate-live-data-size")?;
+        Ok((offset, keys, bytes))
+    }
+
+    fn seed_cache(&self, incarnation: uuid::Uuid, files: &[FileEntry]) {
+        let mut c = self.lock_cache();
+        for f in files.iter().filter(|f| is_immutable(&f.path)) {
+            c.insert((incarnation, f.path.clone(), f.size), f.blake3);
+        }
+    }
+
+    /// Moves `staging` over `target`, opens the store and checks its offset;
+    /// on failure puts the old target back.
+    fn install(&self, staging: &Path, target: &Path, manifest: &Manifest) -> Result<RocksStore> {
+        let (parent, name) = split_target(target)?;
+        let old = if std::fs::symlink_metadata(target).is_ok() {
+            let old = parent.join(format!(
+                ".{name}{OLD_MARK}{}",
+                uuid::Uuid::new_v4().simple()
+            ));
+            register_live(&old);
+            if let Err(e) = std::fs::rename(target, &old) {
+                unregister_live(&old);
+                return Err(io_err("move the existing store aside", target, e));
+            }
+            Some(old)
+        } else {
+            None
+        };
+        let put_back = |old: &Option<PathBuf>| {
+            if let Some(old) = old {
+                let _ = remove_path(target);
+                if let Err(e) = std::fs::rename(old, target) {
+                    tracing::error!(from = %old.display(), to = %target.display(), error = %e, "cannot put the previous store back");
+                }
+                let _ = sync_dir(&parent);
+                unregister_live(old);
+            }
+        };
+        if let Err(e) = std::fs::rename(staging, target) {
+            put_back(&old);
+            return Err(io_err("move the restored store into place", target, e));
+        }
+        // The rename is the switch-over: make it durable before using it.
+        if let Err(e) = sync_dir(&parent) {
+            put_back(&old);
+            return Err(e);
+        }
+        let opened = RocksStore::open(target, &self.options).and_then(|store| {
+            use crate::store::StateStore;
+            let applied = store.applied_offset()?;
+            if applied != Some(manifest.changelog.offset) {
+                return Err(Error::corrupt(format!(
+                    "restored store does not sit at its snapshot's offset snapshot=`{}` \
+                     snapshot_offset={} applied_offset={applied:?} path=`{}`",
+                    manifest.snapshot_id,
+                    manifest.changelog.offset,
+                    target.display()
+                )));
+            }
+            Ok(store)
+        });
+        match opened {
+            Ok(store) => {
+                if let Some(old) = old {
+                    if let Err(e) = remove_path(&old) {
+                        tracing::warn!(path = %old.display(), error = %e, "cannot remove the previous store; the next restore will");
+                    }
+                    unregister_live(&old);
+                }
+                Ok(store)
+            }
+            Err(e) => {
+                if old.is_some() {
+                    put_back(&old);
+                } else {
+                    let _ = remove_path(target);
+                    let _ = sync_dir(&parent);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::internal("blocking task failed").with_source(e))?
+}
+
+/// Hard-links (or copies) `local` to `dest` if its bytes hash to `f.blake3`.
+async fn reuse_local(
+    (f, local, dest): (FileEntry, PathBuf, PathBuf),
+) -> Result<(FileEntry, PathBuf, bool)> {
+    let expected = f.blake3;
+    let d = dest.clone();
+    let ok = blocking(move || {
+        if hash_file(&local)? != expected {
+            return Ok(false);
+        }
+        if let Some(p) = d.parent() {
+            std::fs::create_dir_all(p).map_err(|e| io_err("create directory", p, e))?;
+        }
+        if std::fs::hard_link(&local, &d).is_err() {
+            std::fs::copy(&local, &d).map_err(|e| io_err("copy local file", &local, e))?;
+        }
+        Ok(true)
+    })
+    .await?;
+    Ok((f, dest, ok))
+}
+
+/// Downloads one verified file, naming it in any error.
+async fn download_one(
+    repo: &crate::repo::Repository,
+    sk: &crate::repo::StoreKey,
+    id: crate::repo::SnapshotId,
+    f: FileEntry,
+    dest: PathBuf,
+) -> Result<()> {
+    repo.get_blob_to_file(sk, &BlobRef::from(&f), &dest)
+        .await
+        .map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!(
+                    "cannot restore snapshot file file=`{}` snapshot=`{id}`: {}",
+                    f.path,
+                    e.message()
+                ),
+            )
+            .with_source(e)
+        })
+}
+
+impl StoreFormat for RocksFormat {
+    type Store = RocksStore;
+    type Cut = RocksCut;
+
+    fn id(&self) -> StoreFormatId {
+        StoreFormatId {
+            name: FORMAT_NAME.to_owned(),
+            version: FORMAT_VERSION,
+        }
+    }
+
+    fn capture(&self, store: &RocksStore) -> Result<RocksCut> {
+        let root = self.staging_root_for(store.path());
+        std::fs::create_dir_all(&root).map_err(|e| io_err("create staging directory", &root, e))?;
+        remove_leftovers(&root, |n| n.starts_with(CHECKPOINT_PREFIX))?;
+        let dir = root.join(format!(
+            "{CHECKPOINT_PREFIX}{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        register_live(&dir);
+        // From here on the cut owns `dir`: dropping it (also on error) removes it.
+        let mut cut = RocksCut {
+            dir,
+            files: Vec::new(),
+            offset: None,
+            keys: 0,
+            logical_bytes: 0,
+            incarnation: store.incarnation(),
+        };
+        let cp = rocksdb::checkpoint::Checkpoint::new(store.db())
+            .map_err(|e| rocks_error("checkpoint", store.path(), e))?;
+        // log_size_for_flush = 0: flush memtables (atomically, both column
+        // families) so the checkpoint is complete even with the WAL off.
+        cp.create_checkpoint_with_log_size(&cut.dir, 0)
+            .map_err(|e| rocks_error("checkpoint", &cut.dir, e))?;
+        let rd = std::fs::read_dir(&cut.dir).map_err(|e| io_err("list checkpoint", &cut.dir, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| io_err("list checkpoint", &cut.dir, e))?;
+            let meta = entry
+                .metadata()
+                .map_err(|e| io_err("stat checkpoint file", &entry.path(), e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if meta.is_file() && snapshot_file(&name) {
+                cut.files.push((name, meta.len()));
+            }
+        }
+        cut.files.sort();
+        let (offset, keys, bytes) = self.read_checkpoint(&cut.dir)?;
+        cut.offset = offset;
+        cut.keys = keys;
+        cut.logical_bytes = bytes;
+        Ok(cut)
+    }
+
+    fn cut_offset(&self, cut: &RocksCut) -> Option<u64> {
+        cut.offset
+    }
+
+    async fn write(&self, cut: RocksCut, ctx: WriteContext<'_>) -> Result<FormatOutput> {
+        let repo = ctx.repo;
+        let sk = ctx.store_key;
+        let mut parent_by_hash: HashMap<BlobHash, &FileEntry> = HashMap::new();
+        let mut parent_by_name: HashMap<&str, &FileEntry> = HashMap::new();
+        for f in ctx.parent.map(|p| p.files.as_slice()).unwrap_or_default() {
+            parent_by_hash.insert(f.blake3, f);
+            parent_by_name.insert(f.path.as_str(), f);
+        }
+        let plans: Vec<(String, u64, Plan)> = {
+            let cache = self.lock_cache();
+            cut.files
+                .iter()
+                .map(|(name, size)| {
+                    let plan = if !is_immutable(name) {
+                        Plan::Upload
+                    } else if let Some(h) =
+                        cache.get(&(cut.incarnation, name.clone(), *size)).copied()
+                    {
+                        match parent_by_hash.get(&h) {
+                            Some(p) if p.size == *size => Plan::Reuse(FileEntry {
+                                path: name.clone(),
+                                size: *size,
+                                blake3: h,
+                            }),
+                            _ => Plan::Known(h),
+                        }
+                    } else if let Some(p) = parent_by_name
+                        .get(name.as_str())
+                        .filter(|p| p.size == *size)
+                    {
+                        Plan::CompareLocal((*p).clone())
+                    } else {
+                        Plan::Upload
+                    };
+                    (name.clone(), *size, plan)
+                })
+                .collect()
+        };
+        let dir = cut.dir.clone();
+        let step = |(name, size, plan): (String, u64, Plan)| {
+            let local = dir.join(&name);
+            async move {
+                let upload = |local: PathBuf| async move {
+                    repo.put_blob_file(sk, &local).await.map(Done::Stored)
+                };
+                let done = match plan {
+                    Plan::Reuse(e) => Done::Reused(e),
+                    Plan::Known(hash) => match repo.head_blob(sk, &hash).await? {
+                        Some(info) if info.size == size => Done::Stored(PutOutcome {
+                            blob: BlobRef { hash, size },
+                            uploaded: false,
+                        }),
+                        _ => upload(local).await?,
+                    },
+                    Plan::CompareLocal(p) => {
+                        let h = hash_file_async(local.clone()).await?;
+                        if h == p.blake3 {
+                            Done::Reused(FileEntry {
+                                path: name.clone(),
+                                size,
+                                blake3: h,
+                            })
+                        } else {
+                            upload(local).await?
+                        }
+                    }
+                    Plan::Upload => upload(local).await?,
+                };
+                Ok::<_, Error>((name, done))
+            }
+        };
+        let results: Vec<(String, Done)> = futures::stream::iter(plans.into_iter().map(step))
+            .buffer_unordered(repo.transfer().parallelism.max(1))
+            .try_collect()
+            .await?;
+        let mut results = results;
+        results.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut writer = SnapshotWriter::new(repo, sk.clone());
+        let mut hashes = Vec::with_capacity(results.len());
+        let mut sst_files = 0u64;
+        for (name, done) in results {
+            let entry = match done {
+                Done::Reused(e) => {
+                    writer.reuse(e.clone())?;
+                    e
+                }
+                Done::Stored(out) => writer.add_uploaded(&name, out)?,
+            };
+            if is_immutable(&name) {
+                sst_files += 1;
+            }
+            hashes.push(entry);
+        }
+        {
+            // Remember this incarnation's hashes for the next snapshot; forget
+            // its files that are gone (compacted away).
+            let mut cache = self.lock_cache();
+            let current: HashSet<(&str, u64)> =
+                hashes.iter().map(|e| (e.path.as_str(), e.size)).collect();
+            cache.retain(|(inc, name, size), _| {
+                *inc != cut.incarnation || current.contains(&(name.as_str(), *size))
+            });
+            for e in hashes.iter().filter(|e| is_immutable(&e.path)) {
+                cache.insert((cut.incarnation, e.path.clone(), e.size), e.blake3);
+            }
+        }
+        let stats = SnapshotStats {
+            keys: cut.keys,
+            logical_bytes: cut.logical_bytes,
+            ..SnapshotStats::default()
+        };
+        let format_metadata = serde_json::json!({
+            "writer_incarnation": cut.incarnation.hyphenated().to_string(),
+            "sst_files": sst_files,
+        });
+        drop(cut);
+        Ok(FormatOutput {
+            writer,
+            stats,
+            format_metadata,
+            depends_on: Vec::new(),
+            required_features: Vec::new(),
+        })
+    }
+
+    async fn restore(
+        &self,
+        manifest: &Manifest,
+        ctx: RestoreContext<'_>,
+    ) -> Result<(RocksStore, RestoreStats)> {
+        if manifest.store_format.name != FORMAT_NAME
+            || manifest.store_format.version > FORMAT_VERSION
+        {
+            return Err(Error::config(format!(
+                "snapshot was not written by this rocksdb format snapshot=`{}` format=`{}` version={}",
+                manifest.snapshot_id, manifest.store_format.name, manifest.store_format.version
+            )));
+        }
+        let repo = ctx.repo;
+        let sk = &manifest.store_key;
+        let target = ctx.target.to_path_buf();
+        let (parent, name) = split_target(&target)?;
+        std::fs::create_dir_all(&parent).map_err(|e| io_err("create directory", &parent, e))?;
+        self.clean_leftovers(&target)?;
+        let staging = parent.join(format!(
+            ".{name}{RESTORE_MARK}{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let mut guard = DirGuard::new(staging.clone());
+        std::fs::create_dir(&staging)
+            .map_err(|e| io_err("create staging directory", &staging, e))?;
+
+        let mut stats = RestoreStats::default();
+        let mut downloads: Vec<(FileEntry, PathBuf)> = Vec::new();
+        let mut candidates: Vec<(FileEntry, PathBuf, PathBuf)> = Vec::new();
+        for f in &manifest.files {
+            let dest = Manifest::file_path_within(&staging, &f.path)?;
+            let local = Manifest::file_path_within(&target, &f.path)?;
+            let same_size = is_immutable(&f.path)
+                && std::fs::metadata(&local).is_ok_and(|m| m.is_file() && m.len() == f.size);
+            if same_size {
+                candidates.push((f.clone(), local, dest));
+            } else {
+                downloads.push((f.clone(), dest));
+            }
+        }
+        let parallelism = repo.transfer().parallelism.max(1);
+        // Local-first: a local file is reused only if its bytes hash to the
+        // manifest's blake3, never on name and size alone.
+        let checked: Vec<(FileEntry, PathBuf, bool)> =
+            futures::stream::iter(candidates.into_iter().map(reuse_local))
+                .buffer_unordered(parallelism)
+                .try_collect()
+                .await?;
+        for (f, dest, ok) in checked {
+            if ok {
+                stats.files_reused_locally += 1;
+                stats.bytes_reused_locally += f.size;
+            } else {
+                downloads.push((f, dest));
+            }
+        }
+        for (f, _) in &downloads {
+            stats.files_downloaded += 1;
+            stats.bytes_downloaded += f.size;
+        }
+        let id = manifest.snapshot_id;
+        futures::stream::iter(
+            downloads
+                .into_iter()
+                .map(|(f, dest)| download_one(repo, sk, id, f, dest)),
+        )
+        .buffer_unordered(parallelism)
+        .try_collect::<()>()
+        .await?;
+        // Every file is fsynced by the download; the directory entries too.
+        sync_dir(&staging)?;
+
+        let this = self.clone();
+        let manifest_c = manifest.clone();
+        let staging_c = staging.clone();
+        let target_c = target.clone();
+        let store = blocking(move || this.install(&staging_c, &target_c, &manifest_c)).await?;
+        // `staging` was renamed to `target`: nothing left to remove.
+        guard.armed = false;
+        drop(guard);
+        self.seed_cache(store.incarnation(), &manifest.files);
+        Ok((store, stats))
+    }
+
+    fn create_empty(&self, target: &Path) -> Result<RocksStore> {
+        self.clean_leftovers(target)?;
+        remove_path(target).map_err(|e| io_err("remove existing store", target, e))?;
+        let store = RocksStore::open(target, &self.options)?;
+        if let Ok((parent, _)) = split_target(target) {
+            sync_dir(&parent)?;
+        }
+        Ok(store)
+    }
+}

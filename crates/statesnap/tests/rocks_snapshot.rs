@@ -1,0 +1,949 @@
+//! The RocksDB store format: snapshots restore exactly (model test),
+//! incremental uploads, corruption and interrupted restores, writer
+//! incarnations, staging cleanup.
+#![cfg(feature = "rocksdb")]
+#![allow(clippy::unwrap_used)]
+
+use bytes::Bytes;
+use object_store::memory::InMemory;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use statesnap::ErrorKind;
+use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+use statesnap::changelog::{Changelog, ChangelogId, Lineage, Record};
+use statesnap::clock::{Clock, ManualClock, SystemClock};
+use statesnap::format::rocks::RocksFormat;
+use statesnap::format::{RestoreContext, StoreFormat};
+use statesnap::repo::faulty::{FaultConfig, FaultyStore};
+use statesnap::repo::{GcOptions, Manifest, Repository, StoreKey, paths};
+use statesnap::restore::{ReplayOptions, RestoreOptions, replay, restore_store};
+use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+use statesnap::store::logged::LoggedStore;
+use statesnap::store::rocks::{RocksOptions, RocksStore};
+use statesnap::store::{StateStore, StateStoreExt};
+
+type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn opts() -> RocksOptions {
+    RocksOptions {
+        write_buffer_bytes: 256 << 10,
+        block_cache_bytes: 4 << 20,
+        background_jobs: 2,
+        ..RocksOptions::default()
+    }
+}
+
+fn sk() -> StoreKey {
+    StoreKey::new("app", "rocks", 0).unwrap()
+}
+
+fn id() -> ChangelogId {
+    ChangelogId::for_store("app", "rocks", 0).unwrap()
+}
+
+fn contents(s: &impl StateStore) -> Model {
+    s.iter()
+        .unwrap()
+        .map(|r| {
+            let (k, v) = r.unwrap();
+            (k.to_vec(), v.to_vec())
+        })
+        .collect()
+}
+
+fn mem_repo() -> (Repository, Arc<dyn ObjectStore>) {
+    let base: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    (Repository::from_store(Arc::clone(&base), "").unwrap(), base)
+}
+
+fn target_for(lineage: &Lineage) -> SnapshotTarget {
+    SnapshotTarget {
+        store_key: sk(),
+        changelog: id(),
+        lineage: lineage.clone(),
+    }
+}
+
+async fn snapshot(
+    format: &RocksFormat,
+    store: &RocksStore,
+    repo: &Repository,
+    lineage: &Lineage,
+    parent: Option<&Manifest>,
+) -> Manifest {
+    let cut = format.capture(store).unwrap();
+    commit_snapshot(format, cut, repo, &target_for(lineage), parent)
+        .await
+        .unwrap()
+}
+
+/// Deterministic pseudo-random bytes (incompressible-ish values).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key-{i:06}").into_bytes()
+}
+
+/// Applies `n` puts `key(i) = noise(seed ^ i)` at offsets from `first`; returns
+/// the next offset.
+fn fill(
+    store: &mut RocksStore,
+    model: &mut Model,
+    range: impl Iterator<Item = u32>,
+    seed: u64,
+    first: u64,
+) -> u64 {
+    let mut off = first;
+    let mut batch = Vec::new();
+    for i in range {
+        let v = noise(seed ^ u64::from(i), 100);
+        model.insert(key(i), v.clone());
+        batch.push(Record::put(Bytes::from(key(i)), Bytes::from(v)));
+        if batch.len() == 500 {
+            store.apply(&batch, off).unwrap();
+            off += 1;
+            batch.clear();
+        }
+    }
+    if !batch.is_empty() {
+        store.apply(&batch, off).unwrap();
+        off += 1;
+    }
+    off
+}
+
+fn lineage() -> Lineage {
+    Lineage("test-lineage".into())
+}
+
+/// Entries of `dir` whose name contains `needle`.
+fn entries_with(dir: &Path, needle: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(needle))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn dir_listing(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+// ---------------------------------------------------------------- model test
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u16, u16),
+    Delete(u16),
+    Commit,
+    Flush,
+    Snapshot,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        12 => (0u16..300, any::<u16>()).prop_map(|(k, v)| Op::Put(k, v)),
+        4 => (0u16..300).prop_map(Op::Delete),
+        4 => Just(Op::Commit),
+        1 => Just(Op::Flush),
+        2 => Just(Op::Snapshot),
+    ]
+}
+
+fn model_key(k: u16) -> Bytes {
+    Bytes::from(format!("k{k:04}"))
+}
+
+fn model_value(k: u16, v: u16) -> Bytes {
+    // Long enough that a few hundred writes fill several SST files.
+    let mut b = format!("v{v:05}-").into_bytes();
+    b.extend(noise(u64::from(k) << 16 | u64::from(v), 200));
+    Bytes::from(b)
+}
+
+fn run_model(ops: Vec<Op>) {
+    let rt = rt();
+    let dir = tempfile::tempdir().unwrap();
+    let log = FileChangelog::open(
+        dir.path().join("log"),
+        id(),
+        FileChangelogOptions {
+            segment_bytes: 64 << 10,
+            ..FileChangelogOptions::default()
+        },
+    )
+    .unwrap();
+    let lineage = log.lineage().unwrap();
+    let store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
+    let mut ls = LoggedStore::new(store, log).unwrap();
+    let format = RocksFormat::new(opts());
+    let (repo, _) = mem_repo();
+    let mut committed: Model = BTreeMap::new();
+    let mut pending: Vec<(Bytes, Option<Bytes>)> = Vec::new();
+    // (manifest, model at its offset)
+    let mut snaps: Vec<(Manifest, Model)> = Vec::new();
+    let commit = |ls: &mut LoggedStore<RocksStore, FileChangelog>,
+                  pending: &mut Vec<(Bytes, Option<Bytes>)>,
+                  committed: &mut Model| {
+        ls.commit().unwrap();
+        for (k, v) in pending.drain(..) {
+            match v {
+                Some(v) => committed.insert(k.to_vec(), v.to_vec()),
+                None => committed.remove(&k.to_vec()),
+            };
+        }
+    };
+    for op in ops {
+        match op {
+            Op::Put(k, v) => {
+                ls.put(model_key(k), model_value(k, v));
+                pending.push((model_key(k), Some(model_value(k, v))));
+            }
+            Op::Delete(k) => {
+                ls.delete(model_key(k));
+                pending.push((model_key(k), None));
+            }
+            Op::Commit => commit(&mut ls, &mut pending, &mut committed),
+            Op::Flush => ls.store().flush().unwrap(),
+            Op::Snapshot => {
+                commit(&mut ls, &mut pending, &mut committed);
+                if ls.store().applied_offset().unwrap().is_none() {
+                    continue;
+                }
+                let parent = snaps.last().map(|(m, _)| m.clone());
+                let m = rt.block_on(snapshot(
+                    &format,
+                    ls.store(),
+                    &repo,
+                    &lineage,
+                    parent.as_ref(),
+                ));
+                assert_eq!(
+                    Some(m.changelog.offset),
+                    ls.store().applied_offset().unwrap()
+                );
+                assert_eq!(
+                    m.stats.bytes_uploaded + m.stats.bytes_reused,
+                    m.files.iter().map(|f| f.size).sum::<u64>()
+                );
+                snaps.push((m, committed.clone()));
+            }
+        }
+    }
+    commit(&mut ls, &mut pending, &mut committed);
+    assert_eq!(contents(ls.store()), committed);
+    let changelog = ls.changelog();
+    for (i, (m, at_snapshot)) in snaps.iter().enumerate() {
+        let target = dir.path().join(format!("restored-{i}"));
+        let (mut store, stats) = rt
+            .block_on(format.restore(
+                m,
+                RestoreContext {
+                    repo: &repo,
+                    target: &target,
+                },
+            ))
+            .unwrap();
+        assert_eq!(stats.files_downloaded as usize, m.files.len());
+        // Exactly the snapshot's cut ...
+        assert_eq!(
+            &contents(&store),
+            at_snapshot,
+            "snapshot {i} at offset {}",
+            m.changelog.offset
+        );
+        assert_eq!(store.applied_offset().unwrap(), Some(m.changelog.offset));
+        // ... and, with the tail replayed, exactly the changelog end.
+        replay(
+            &mut store,
+            changelog,
+            &ReplayOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(contents(&store), committed, "snapshot {i} + tail");
+    }
+    // The full restore path picks the newest snapshot and replays the tail.
+    if changelog.end_offset().unwrap() > 0 {
+        let target = dir.path().join("restored-latest");
+        let (store, report) = rt
+            .block_on(restore_store(
+                &format,
+                &repo,
+                &sk(),
+                changelog,
+                &target,
+                &RestoreOptions::default(),
+            ))
+            .unwrap();
+        assert_eq!(report.snapshot, snaps.last().map(|(m, _)| m.snapshot_id));
+        assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+        assert_eq!(contents(&store), committed);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    #[test]
+    fn restore_of_any_snapshot_plus_tail_equals_model(ops in proptest::collection::vec(op(), 1..250)) {
+        run_model(ops);
+    }
+}
+
+// ---------------------------------------------------------------- incremental
+
+#[test]
+fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
+    let rt = rt();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let base: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let repo = Repository::from_store(Arc::clone(&base), "")
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    let format = RocksFormat::new(opts());
+    let mut store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
+    let mut model = Model::new();
+    let n = 10_000u32;
+    let off = fill(&mut store, &mut model, 0..n, 1, 0);
+    // One compacted run, so the 1 % change below does not trigger a compaction.
+    store.flush().unwrap();
+    store.db().compact_range::<&[u8], &[u8]>(None, None);
+    let parent = rt.block_on(snapshot(&format, &store, &repo, &lineage(), None));
+    assert!(parent.stats.bytes_uploaded > 500_000, "{:?}", parent.stats);
+    assert_eq!(parent.stats.bytes_reused, 0);
+    assert!(
+        parent.stats.keys > 0 && parent.stats.logical_bytes > 0,
+        "{:?}",
+        parent.stats
+    );
+
+    // Change 1 % of the keys, flush, snapshot again.
+    fill(&mut store, &mut model, (0..n).step_by(100), 2, off);
+    store.flush().unwrap();
+    let child = rt.block_on(snapshot(&format, &store, &repo, &lineage(), Some(&parent)));
+    let parent_paths: BTreeSet<&str> = parent.files.iter().map(|f| f.path.as_str()).collect();
+    let parent_hashes: BTreeSet<_> = parent.files.iter().map(|f| f.blake3).collect();
+    let new_sst: u64 = child
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with(".sst") && !parent_paths.contains(f.path.as_str()))
+        .map(|f| f.size)
+        .sum();
+    let small_new: u64 = child
+        .files
+        .iter()
+        .filter(|f| !f.path.ends_with(".sst") && !parent_hashes.contains(&f.blake3))
+        .map(|f| f.size)
+        .sum();
+    assert!(new_sst > 0);
+    assert!(child.stats.bytes_reused > 0, "{:?}", child.stats);
+    assert_eq!(
+        child.stats.bytes_uploaded,
+        new_sst + small_new,
+        "{:?}",
+        child.stats
+    );
+    assert!(
+        child.stats.bytes_uploaded < parent.stats.bytes_uploaded / 5,
+        "{:?}",
+        child.stats
+    );
+    drop(store);
+
+    // Delete the parent and collect garbage (grace ~0, injected clock).
+    rt.block_on(repo.delete_snapshot(&sk(), parent.snapshot_id))
+        .unwrap();
+    let gc_repo = repo
+        .clone()
+        .with_max_commit_duration(Duration::from_millis(1));
+    let gc = GcOptions {
+        grace: Duration::from_millis(2),
+        ..GcOptions::default()
+    };
+    let mut deleted = 0;
+    for _ in 0..3 {
+        clock.advance_ms(60_000);
+        deleted += rt
+            .block_on(gc_repo.gc_store(&sk(), &gc))
+            .unwrap()
+            .bytes_deleted;
+    }
+    assert!(deleted > 0, "gc should delete the parent's unshared blobs");
+    let target = dir.path().join("restored");
+    let (restored, _) = rt
+        .block_on(format.restore(
+            &child,
+            RestoreContext {
+                repo: &repo,
+                target: &target,
+            },
+        ))
+        .unwrap();
+    assert_eq!(contents(&restored), model);
+}
+
+// ---------------------------------------------------------------- corruption
+
+/// A changelog-backed store with two snapshots; returns the manifests.
+struct TwoSnaps {
+    dir: tempfile::TempDir,
+    log: FileChangelog,
+    repo: Repository,
+    base: Arc<dyn ObjectStore>,
+    format: RocksFormat,
+    old: Manifest,
+    new: Manifest,
+    model: Model,
+}
+
+fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
+    let dir = tempfile::tempdir().unwrap();
+    let log = FileChangelog::open(
+        dir.path().join("log"),
+        id(),
+        FileChangelogOptions::default(),
+    )
+    .unwrap();
+    let lineage = log.lineage().unwrap();
+    let store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
+    let mut ls = LoggedStore::new(store, log).unwrap();
+    let mut model = Model::new();
+    let mut write = |ls: &mut LoggedStore<RocksStore, FileChangelog>,
+                     range: std::ops::Range<u32>,
+                     seed: u64| {
+        for i in range {
+            let v = noise(seed ^ u64::from(i), 100);
+            model.insert(key(i), v.clone());
+            ls.put(Bytes::from(key(i)), Bytes::from(v));
+            if i.is_multiple_of(500) {
+                ls.commit().unwrap();
+            }
+        }
+        ls.commit().unwrap();
+    };
+    write(&mut ls, 0..3000, 1);
+    let format = RocksFormat::new(opts());
+    let (repo, base) = mem_repo();
+    let old = rt.block_on(snapshot(&format, ls.store(), &repo, &lineage, None));
+    write(&mut ls, 3000..6000, 2);
+    let new = rt.block_on(snapshot(&format, ls.store(), &repo, &lineage, Some(&old)));
+    write(&mut ls, 6000..6100, 3);
+    let (_store, log) = ls.into_parts();
+    TwoSnaps {
+        dir,
+        log,
+        repo,
+        base,
+        format,
+        old,
+        new,
+        model,
+    }
+}
+
+async fn flip_byte(base: &Arc<dyn ObjectStore>, m: &Manifest, path: &str) {
+    let f = m.files.iter().find(|f| f.path == path).unwrap();
+    let key = paths::blob(&m.store_key, &f.blake3);
+    let mut bytes = base
+        .get(&key)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    base.put(&key, PutPayload::from(bytes)).await.unwrap();
+}
+
+#[test]
+fn corrupt_sst_fails_restore_naming_the_file_and_restore_store_falls_back() {
+    let rt = rt();
+    let s = two_snapshots(&rt);
+    let old_hashes: BTreeSet<_> = s.old.files.iter().map(|f| f.blake3).collect();
+    let victim = s
+        .new
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with(".sst") && !old_hashes.contains(&f.blake3))
+        .max_by_key(|f| f.size)
+        .unwrap()
+        .path
+        .clone();
+    rt.block_on(flip_byte(&s.base, &s.new, &victim));
+
+    // A target with a previous store in it stays exactly as it was.
+    let target = s.dir.path().join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("precious"), b"keep me").unwrap();
+    let err = rt
+        .block_on(s.format.restore(
+            &s.new,
+            RestoreContext {
+                repo: &s.repo,
+                target: &target,
+            },
+        ))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert!(
+        err.to_string().contains(&format!("file=`{victim}`")),
+        "{err}"
+    );
+    assert_eq!(
+        dir_listing(&target),
+        BTreeSet::from(["precious".to_owned()])
+    );
+    assert!(entries_with(s.dir.path(), "statesnap-restore").is_empty());
+
+    // restore_store skips the corrupt snapshot and uses the older one.
+    let (store, report) = rt
+        .block_on(restore_store(
+            &s.format,
+            &s.repo,
+            &sk(),
+            &s.log,
+            &target,
+            &RestoreOptions::default(),
+        ))
+        .unwrap();
+    assert_eq!(report.snapshot, Some(s.old.snapshot_id));
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert_eq!(report.skipped[0].id, s.new.snapshot_id);
+    assert_eq!(report.skipped[0].kind, ErrorKind::Corrupt);
+    assert!(
+        report.skipped[0].reason.contains(&victim),
+        "{:?}",
+        report.skipped
+    );
+    assert_eq!(contents(&store), s.model);
+    drop(store);
+
+    // Both corrupt: full replay, both skips recorded.
+    let old_sst = s
+        .old
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with(".sst"))
+        .max_by_key(|f| f.size)
+        .unwrap()
+        .path
+        .clone();
+    rt.block_on(flip_byte(&s.base, &s.old, &old_sst));
+    // (Into a fresh directory: the old target holds verified copies of the
+    // old snapshot's files, which local-first restore would rightly reuse.)
+    let fresh = s.dir.path().join("fresh");
+    let (store, report) = rt
+        .block_on(restore_store(
+            &s.format,
+            &s.repo,
+            &sk(),
+            &s.log,
+            &fresh,
+            &RestoreOptions::default(),
+        ))
+        .unwrap();
+    assert_eq!(report.snapshot, None);
+    assert_eq!(report.skipped.len(), 2, "{:?}", report.skipped);
+    assert!(report.skipped.iter().all(|k| k.kind == ErrorKind::Corrupt));
+    assert_eq!(contents(&store), s.model);
+}
+
+#[test]
+fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
+    let rt = rt();
+    let s = two_snapshots(&rt);
+    // The target holds a store restored from the older snapshot.
+    let target = s.dir.path().join("target");
+    let (old_store, _) = rt
+        .block_on(s.format.restore(
+            &s.old,
+            RestoreContext {
+                repo: &s.repo,
+                target: &target,
+            },
+        ))
+        .unwrap();
+    let before_contents = contents(&old_store);
+    drop(old_store);
+
+    // Count the object-store operations of a clean restore elsewhere.
+    // (Into a copy of the target, so local-first reuse is the same.)
+    let probe_dir = s.dir.path().join("probe");
+    std::fs::create_dir_all(&probe_dir).unwrap();
+    for e in std::fs::read_dir(&target).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), probe_dir.join(e.file_name())).unwrap();
+    }
+    let probe = Arc::new(FaultyStore::new(
+        Arc::clone(&s.base),
+        FaultConfig::default(),
+    ));
+    let probe_repo =
+        Repository::from_store(Arc::clone(&probe) as Arc<dyn ObjectStore>, "").unwrap();
+    rt.block_on(s.format.restore(
+        &s.new,
+        RestoreContext {
+            repo: &probe_repo,
+            target: &probe_dir,
+        },
+    ))
+    .unwrap();
+    let ops = probe.ops();
+    assert!(ops > 3, "{ops}");
+
+    for n in [0, 1, ops / 2, ops - 1] {
+        let before = dir_listing(&target);
+        let faulty = Arc::new(FaultyStore::new(
+            Arc::clone(&s.base),
+            FaultConfig {
+                crash_after: Some(n),
+                ..FaultConfig::default()
+            },
+        ));
+        let frepo = Repository::from_store(faulty as Arc<dyn ObjectStore>, "").unwrap();
+        let err = rt
+            .block_on(s.format.restore(
+                &s.new,
+                RestoreContext {
+                    repo: &frepo,
+                    target: &target,
+                },
+            ))
+            .unwrap_err();
+        assert!(
+            matches!(err.kind(), ErrorKind::Transient),
+            "crash after {n}: {err}"
+        );
+        assert_eq!(dir_listing(&target), before, "crash after {n}");
+        assert!(
+            entries_with(s.dir.path(), "statesnap-restore").is_empty(),
+            "crash after {n}"
+        );
+        let reopened = RocksStore::open(&target, &opts()).unwrap();
+        assert_eq!(contents(&reopened), before_contents);
+        assert_eq!(
+            reopened.applied_offset().unwrap(),
+            Some(s.old.changelog.offset)
+        );
+        drop(reopened);
+    }
+    let before = dir_listing(&target);
+    let (store, stats) = rt
+        .block_on(s.format.restore(
+            &s.new,
+            RestoreContext {
+                repo: &s.repo,
+                target: &target,
+            },
+        ))
+        .unwrap();
+    assert_eq!(
+        store.applied_offset().unwrap(),
+        Some(s.new.changelog.offset)
+    );
+    // Local-first: SSTs shared with the old snapshot came from the old target.
+    let shared = s
+        .new
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with(".sst") && before.contains(&f.path) && s.old.files.contains(f))
+        .count();
+    assert!(shared > 0);
+    assert_eq!(stats.files_reused_locally as usize, shared, "{stats:?}");
+    assert_eq!(
+        stats.files_reused_locally + stats.files_downloaded,
+        s.new.files.len() as u64
+    );
+    let mut store = store;
+    replay(&mut store, &s.log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(contents(&store), s.model);
+}
+
+#[test]
+fn local_file_with_same_name_and_size_but_other_bytes_is_not_reused() {
+    let rt = rt();
+    let s = two_snapshots(&rt);
+    let target = s.dir.path().join("target");
+    let (st, _) = rt
+        .block_on(s.format.restore(
+            &s.old,
+            RestoreContext {
+                repo: &s.repo,
+                target: &target,
+            },
+        ))
+        .unwrap();
+    drop(st);
+    // Tamper with a local SST the snapshot also names: same name, same size.
+    let f = s
+        .old
+        .files
+        .iter()
+        .find(|f| f.path.ends_with(".sst"))
+        .unwrap();
+    let p = target.join(&f.path);
+    let mut b = std::fs::read(&p).unwrap();
+    b[10] ^= 0xff;
+    std::fs::remove_file(&p).unwrap();
+    std::fs::write(&p, &b).unwrap();
+    let (store, stats) = rt
+        .block_on(s.format.restore(
+            &s.old,
+            RestoreContext {
+                repo: &s.repo,
+                target: &target,
+            },
+        ))
+        .unwrap();
+    assert_eq!(
+        stats.files_reused_locally as usize,
+        s.old
+            .files
+            .iter()
+            .filter(|f| f.path.ends_with(".sst"))
+            .count()
+            - 1,
+        "{stats:?}"
+    );
+    assert_eq!(std::fs::read(&p).unwrap().len() as u64, f.size);
+    assert_eq!(
+        blake3::hash(&std::fs::read(&p).unwrap()).as_bytes(),
+        &f.blake3.0
+    );
+    drop(store);
+}
+
+// ---------------------------------------------------------------- incarnations
+
+#[test]
+fn two_incarnations_restored_from_one_snapshot_keep_their_own_files() {
+    let rt = rt();
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _) = mem_repo();
+    let format = RocksFormat::new(opts());
+    let mut a = RocksStore::open(dir.path().join("a"), &opts()).unwrap();
+    let mut base_model = Model::new();
+    let off = fill(&mut a, &mut base_model, 0..2000, 7, 0);
+    let s0 = rt.block_on(snapshot(&format, &a, &repo, &lineage(), None));
+    drop(a);
+
+    let mut results = Vec::new();
+    for (name, seed) in [("b", 100u64), ("c", 200u64)] {
+        let target = dir.path().join(name);
+        let (mut st, _) = rt
+            .block_on(format.restore(
+                &s0,
+                RestoreContext {
+                    repo: &repo,
+                    target: &target,
+                },
+            ))
+            .unwrap();
+        let mut model = base_model.clone();
+        // Same keys, same value sizes, different bytes: same-named SSTs of
+        // the same size, with different contents.
+        fill(&mut st, &mut model, 0..500, seed, off);
+        st.flush().unwrap();
+        let m = rt.block_on(snapshot(&format, &st, &repo, &lineage(), Some(&s0)));
+        results.push((m, model));
+    }
+    let (mb, _) = &results[0];
+    let (mc, _) = &results[1];
+    let collide = mb.files.iter().any(|fb| {
+        fb.path.ends_with(".sst")
+            && mc
+                .files
+                .iter()
+                .any(|fc| fc.path == fb.path && fc.blake3 != fb.blake3)
+    });
+    assert!(
+        collide,
+        "test setup: expected a same-named SST with different bytes\n{mb:?}\n{mc:?}"
+    );
+    for (i, (m, model)) in results.iter().enumerate() {
+        let target = dir.path().join(format!("check-{i}"));
+        let (st, _) = rt
+            .block_on(format.restore(
+                m,
+                RestoreContext {
+                    repo: &repo,
+                    target: &target,
+                },
+            ))
+            .unwrap();
+        assert_eq!(&contents(&st), model, "incarnation {i}");
+    }
+}
+
+// ---------------------------------------------------------------- staging
+
+#[test]
+fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
+    let rt = rt();
+    let dir = tempfile::tempdir().unwrap();
+    let store_path = dir.path().join("store");
+    let mut store = RocksStore::open(&store_path, &opts()).unwrap();
+    let mut model = Model::new();
+    fill(&mut store, &mut model, 0..100, 1, 0);
+    let format = RocksFormat::new(opts());
+    let root = format.staging_root_for(&store_path);
+    // A checkpoint left by a crashed process.
+    std::fs::create_dir_all(root.join("checkpoint-dead")).unwrap();
+    std::fs::write(root.join("checkpoint-dead/000001.sst"), b"x").unwrap();
+    let cut = format.capture(&store).unwrap();
+    assert_eq!(
+        entries_with(&root, "checkpoint-"),
+        vec![
+            cut.dir()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        ]
+    );
+    // A second capture does not remove the first, live, cut.
+    let cut2 = format.capture(&store).unwrap();
+    assert!(cut.dir().is_dir());
+    assert_eq!(entries_with(&root, "checkpoint-").len(), 2);
+    let cut_dir: PathBuf = cut.dir().to_path_buf();
+    drop(cut);
+    drop(cut2);
+    assert!(!cut_dir.exists());
+    assert!(entries_with(&root, "checkpoint-").is_empty());
+
+    // A snapshot (success) leaves no checkpoint behind.
+    let (repo, _) = mem_repo();
+    let m = rt.block_on(snapshot(&format, &store, &repo, &lineage(), None));
+    assert!(entries_with(&root, "checkpoint-").is_empty());
+    // A failed write (unreachable repository) leaves none either.
+    let broken = Repository::from_store(
+        Arc::new(FaultyStore::new(
+            Arc::new(InMemory::new()),
+            FaultConfig {
+                crash_after: Some(0),
+                ..FaultConfig::default()
+            },
+        )),
+        "",
+    )
+    .unwrap();
+    let cut = format.capture(&store).unwrap();
+    let err = rt
+        .block_on(commit_snapshot(
+            &format,
+            cut,
+            &broken,
+            &target_for(&lineage()),
+            None,
+        ))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(entries_with(&root, "checkpoint-").is_empty());
+    drop(store);
+
+    // Restore leftovers next to the target are removed by the next restore.
+    let target = dir.path().join("restored");
+    std::fs::create_dir_all(dir.path().join(".restored.statesnap-restore-dead")).unwrap();
+    std::fs::create_dir_all(dir.path().join(".restored.statesnap-old-dead")).unwrap();
+    std::fs::create_dir_all(dir.path().join(".other.statesnap-restore-keep")).unwrap();
+    let (st, _) = rt
+        .block_on(format.restore(
+            &m,
+            RestoreContext {
+                repo: &repo,
+                target: &target,
+            },
+        ))
+        .unwrap();
+    assert_eq!(contents(&st), model);
+    assert!(
+        entries_with(dir.path(), ".restored.statesnap").is_empty(),
+        "{:?}",
+        dir_listing(dir.path())
+    );
+    assert_eq!(entries_with(dir.path(), ".other.statesnap").len(), 1);
+    drop(st);
+
+    // create_empty removes whatever was there.
+    let empty = format.create_empty(&target).unwrap();
+    assert!(contents(&empty).is_empty());
+    assert_eq!(empty.applied_offset().unwrap(), None);
+    let _ = SystemClock.now_ms();
+}
+
+#[test]
+fn capture_reads_offset_from_checkpoint_even_without_wal() {
+    let rt = rt();
+    let dir = tempfile::tempdir().unwrap();
+    let o = RocksOptions {
+        wal: false,
+        ..opts()
+    };
+    let mut store = RocksStore::open(dir.path().join("store"), &o).unwrap();
+    let mut model = Model::new();
+    let next = fill(&mut store, &mut model, 0..1000, 5, 40);
+    let format = RocksFormat::new(o.clone());
+    let cut = format.capture(&store).unwrap();
+    assert_eq!(format.cut_offset(&cut), Some(next - 1));
+    assert!(cut.files().iter().any(|(n, _)| n.ends_with(".sst")));
+    assert!(
+        !cut.files()
+            .iter()
+            .any(|(n, _)| n.starts_with("LOG") || n == "LOCK")
+    );
+    let (repo, _) = mem_repo();
+    let m = rt
+        .block_on(commit_snapshot(
+            &format,
+            cut,
+            &repo,
+            &target_for(&lineage()),
+            None,
+        ))
+        .unwrap();
+    assert_eq!(m.changelog.offset, next - 1);
+    drop(store);
+    let (st, _) = rt
+        .block_on(format.restore(
+            &m,
+            RestoreContext {
+                repo: &repo,
+                target: &dir.path().join("r"),
+            },
+        ))
+        .unwrap();
+    assert_eq!(contents(&st), model);
+}
