@@ -421,9 +421,6 @@ impl Repository {
     }
 }
 
-/// Chunk size for blobs read from a local-filesystem repository.
-const LOCAL_READ_CHUNK: u64 = 1 << 20;
-
 /// A verified streaming read of one blob: chunks are handed out as they
 /// arrive (unverified until the end), and the final call returns an error
 /// instead of `None` if the size or hash does not match, so a consumer that
