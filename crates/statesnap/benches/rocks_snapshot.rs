@@ -139,10 +139,18 @@ async fn snap(
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; accept and ignore arguments.
-    let keys = env_u64("STATESNAP_BENCH_KEYS", 1_000_000);
-    let replay_keys = env_u64("STATESNAP_BENCH_REPLAY_KEYS", 100_000);
-    let u100 = env_u64("STATESNAP_BENCH_U100", 1) != 0;
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not: then
+    // this is a smoke test of the same code paths on a small store.
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let keys = env_u64(
+        "STATESNAP_BENCH_KEYS",
+        if smoke { 20_000 } else { 1_000_000 },
+    );
+    let replay_keys = env_u64(
+        "STATESNAP_BENCH_REPLAY_KEYS",
+        if smoke { 5_000 } else { 100_000 },
+    );
+    let u100 = env_u64("STATESNAP_BENCH_U100", u64::from(!smoke)) != 0;
     let scratch = match std::env::var("STATESNAP_BENCH_DIR") {
         Ok(d) => tempfile::tempdir_in(d).unwrap(),
         Err(_) => tempfile::tempdir().unwrap(),
