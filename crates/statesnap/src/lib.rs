@@ -1,6 +1,70 @@
 //! statesnap: durable key-value state for stream processors that recovers fast.
 //!
-//! (The manual is written as the crate grows; see README.md.)
+//! A state store ([`store::memory::MemoryStore`], `store::rocks::RocksStore`,
+//! or your own [`store::StateStore`]) is a local cache of its changelog
+//! ([`changelog::Changelog`]: the embedded [`changelog::file::FileChangelog`],
+//! or Kafka with feature `kafka`). [`store::logged::LoggedStore`] appends
+//! every committed batch to the changelog first and then applies it to the
+//! store, tagged with its offset. A snapshot copies a consistent cut of the
+//! store to a [`repo::Repository`] (local directory, S3, GCS, Azure, memory)
+//! tagged with that offset; restore loads the newest usable snapshot and
+//! replays the changelog after it. The invariants are in
+//! `docs/architecture.md`, the on-disk formats in `docs/format.md`.
+//!
+//! # Quick start
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> statesnap::Result<()> {
+//! use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+//! use statesnap::changelog::{Changelog, ChangelogId};
+//! use statesnap::format::StoreFormat;
+//! use statesnap::format::portable::PortableFormat;
+//! use statesnap::repo::{Repository, StoreKey};
+//! use statesnap::restore::{RestoreOptions, restore_store};
+//! use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+//! use statesnap::store::logged::LoggedStore;
+//! use statesnap::store::memory::MemoryStore;
+//! use statesnap::store::{StateStore, StateStoreExt};
+//!
+//! let dir = tempfile::tempdir().expect("tempdir");
+//! let id = ChangelogId::for_store("shop", "carts", 0)?; // topic shop-carts-changelog
+//! let log = FileChangelog::open(dir.path().join("log"), id.clone(), FileChangelogOptions::default())?;
+//!
+//! // Write through the logged store: read-your-writes, then commit.
+//! let mut carts = LoggedStore::new(MemoryStore::new(), log)?;
+//! carts.put("cart-1", "apples");
+//! carts.put("cart-2", "pears");
+//! assert_eq!(carts.get(b"cart-1")?.as_deref(), Some(&b"apples"[..]));
+//! carts.commit()?;
+//!
+//! // Snapshot: an O(1) cut on this thread, written and committed async.
+//! let url = format!("file://{}", dir.path().join("repo").display());
+//! let repo = Repository::init(&url, Default::default()).await?;
+//! let format = PortableFormat::memory();
+//! let target = SnapshotTarget {
+//!     store_key: StoreKey::new("shop", "carts", 0)?,
+//!     changelog: id,
+//!     lineage: carts.changelog().lineage()?,
+//! };
+//! let cut = format.capture(carts.store())?;
+//! let manifest = commit_snapshot(&format, cut, &repo, &target, None).await?;
+//!
+//! // More writes after the snapshot land only in the changelog tail.
+//! carts.delete("cart-2");
+//! carts.commit()?;
+//! let (_, log) = carts.into_parts();
+//!
+//! // Restore = newest usable snapshot + replay of the tail.
+//! let (store, report) = restore_store(
+//!     &format, &repo, &target.store_key, &log, &dir.path().join("restored"), &RestoreOptions::default(),
+//! ).await?;
+//! assert_eq!(report.snapshot, Some(manifest.snapshot_id));
+//! assert_eq!(report.replay.records, 1);
+//! let keys: Vec<_> = store.iter()?.map(|kv| kv.map(|(k, _)| k)).collect::<Result<_, _>>()?;
+//! assert_eq!(keys, vec![bytes::Bytes::from("cart-1")]);
+//! # Ok(()) }
+//! ```
 //!
 //! # Plugging in a custom store
 //!
