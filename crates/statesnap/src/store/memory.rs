@@ -97,7 +97,8 @@ impl StateStore for MemoryStore {
                     // large read buffers, and keeping one live value would pin
                     // its whole buffer (the store would hold the log, not the
                     // state).
-                    self.map.insert(Bytes::copy_from_slice(&r.key), Bytes::copy_from_slice(v))
+                    self.map
+                        .insert(Bytes::copy_from_slice(&r.key), Bytes::copy_from_slice(v))
                 }
                 None => self.map.remove(&r.key[..]),
             };
