@@ -50,6 +50,15 @@ fn env_or_skip(var: &str, test: &str) -> Option<String> {
     }
 }
 
+/// Kafka tests run one at a time: a single tansu 0.6.0 (SQLite storage) under
+/// the whole file in parallel timed out produce and metadata requests, and a
+/// timed-out idempotent producer can make tansu panic a storage task, after
+/// which every request fails (see docs/kafka.md). Each test holds this lock.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn bootstrap(test: &str) -> Option<String> {
     env_or_skip("STATESNAP_TEST_KAFKA_BOOTSTRAP", test)
 }
@@ -137,6 +146,16 @@ impl OwnBroker {
         }
     }
 
+    /// The last lines of the broker's log, for failure messages.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        // Panics first (a broker task that died explains what follows), then the end.
+        let panics = lines.iter().filter(|l| l.contains("panicked")).take(5);
+        let tail = &lines[lines.len().saturating_sub(20)..];
+        panics.chain(tail).copied().collect::<Vec<_>>().join("\n")
+    }
+
     fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -156,6 +175,7 @@ fn append_returns_consecutive_offsets_and_reads_them_back() {
     let Some(b) = bootstrap("append_returns_consecutive_offsets_and_reads_them_back") else {
         return;
     };
+    let _serial = serial();
     let now = system_clock().now_ms();
     let clock = ManualClock::new(now);
     let log = KafkaChangelog::open(
@@ -237,6 +257,7 @@ fn a_batch_of_ten_thousand_gets_consecutive_offsets_in_order() {
     let Some(b) = bootstrap("a_batch_of_ten_thousand_gets_consecutive_offsets_in_order") else {
         return;
     };
+    let _serial = serial();
     let log = KafkaChangelog::open(fresh_id("big"), options(&b)).unwrap();
     let batch: Vec<Record> = (0..10_000u32)
         .map(|i| Record::put(format!("k{i:05}"), vec![(i % 251) as u8; 100]))
@@ -261,6 +282,7 @@ fn end_to_end_logged_store_rebuilds_from_kafka_by_full_replay() {
     let Some(b) = bootstrap("end_to_end_logged_store_rebuilds_from_kafka_by_full_replay") else {
         return;
     };
+    let _serial = serial();
     let id = fresh_id("e2e");
     let log = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
     let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
@@ -307,6 +329,7 @@ fn end_to_end_rocks_store_rebuilds_from_kafka_by_full_replay() {
     let Some(b) = bootstrap("end_to_end_rocks_store_rebuilds_from_kafka_by_full_replay") else {
         return;
     };
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let id = fresh_id("e2erocks");
     let log = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
@@ -366,6 +389,7 @@ fn broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly() {
     let Some(template) = env_or_skip("STATESNAP_TEST_KAFKA_CMD", test) else {
         return;
     };
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let mut broker = OwnBroker::new(template, dir.path());
     broker.start();
@@ -406,6 +430,7 @@ fn broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly() {
 
     broker.start(); // same port, same data dir
     let mut committed = false;
+    let mut last_error = None;
     for _ in 0..20 {
         match store.commit() {
             Ok(_) => {
@@ -414,11 +439,17 @@ fn broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly() {
             }
             Err(e) => {
                 assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+                eprintln!("commit after restart failed (retrying): {e:?}");
+                last_error = Some(format!("{e:?}"));
                 std::thread::sleep(Duration::from_millis(250));
             }
         }
     }
-    assert!(committed, "commit after the broker restarted");
+    assert!(
+        committed,
+        "commit after the broker restarted; last error: {last_error:?}; broker log:\n{}",
+        broker.log_tail()
+    );
     model.insert(Bytes::from("during-outage"), Bytes::from("x"));
     store.put("after", "y");
     store.commit().unwrap();
@@ -438,6 +469,7 @@ fn non_compacted_topic_warns_or_errors_per_policy() {
     let Some(b) = bootstrap("non_compacted_topic_warns_or_errors_per_policy") else {
         return;
     };
+    let _serial = serial();
     let id = fresh_id("nocompact");
     let warn = options(&b)
         .topic_config("cleanup.policy", "delete")
@@ -467,6 +499,7 @@ fn missing_topic_without_creation_is_not_found() {
     let Some(b) = bootstrap("missing_topic_without_creation_is_not_found") else {
         return;
     };
+    let _serial = serial();
     let err =
         KafkaChangelog::open(fresh_id("absent"), options(&b).create_topic(false)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
@@ -487,6 +520,7 @@ fn lineage_is_stable_and_changes_when_the_topic_is_recreated() {
     let Some(b) = bootstrap("lineage_is_stable_and_changes_when_the_topic_is_recreated") else {
         return;
     };
+    let _serial = serial();
     let id = fresh_id("lineage");
     let log = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
     let l1 = log.lineage().unwrap();
@@ -522,6 +556,7 @@ fn horizon_follows_delete_retention_and_the_injected_clock() {
     let Some(b) = bootstrap("horizon_follows_delete_retention_and_the_injected_clock") else {
         return;
     };
+    let _serial = serial();
     let now = system_clock().now_ms();
     let clock = ManualClock::new(now);
     let shared: SharedClock = Arc::new(clock.clone());
@@ -653,6 +688,7 @@ fn conformance_against_tansu() {
     let Some(b) = bootstrap("conformance_against_tansu") else {
         return;
     };
+    let _serial = serial();
     use statesnap::conformance::changelog as suite;
     suite::run_all(&mut || KafkaChangelog::open(fresh_id("conf"), options(&b)).unwrap());
     let id = fresh_id("reopen");

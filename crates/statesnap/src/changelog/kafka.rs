@@ -981,23 +981,59 @@ impl KafkaChangelog {
         Ok(out)
     }
 
+    /// Checks a broker's ListOffsets-by-time answer `o` by reading the first
+    /// record at or after it: its timestamp must be `>= cutoff`. If it
+    /// is older, the broker answered wrongly (tansu 0.6.0 answers offset 0,
+    /// not -1, when no record is that recent) and the safe answer is `hi`
+    /// (every record may be older than the cutoff).
+    fn check_offset_for_time(&self, o: u64, hi: u64, cutoff: i64) -> Result<u64> {
+        if o >= hi {
+            return Ok(hi);
+        }
+        let mut reader = KafkaReader::open(self, o.max(self.watermarks()?.0), hi)?;
+        reader.keep_markers = true;
+        let first = reader
+            .next_raw(1)?
+            .and_then(|b| b.into_iter().next())
+            .map(|r| r.record);
+        match first {
+            Some(r) if r.timestamp_ms >= cutoff => Ok(r.offset.max(o)),
+            Some(r) => {
+                tracing::warn!(
+                    changelog = %self.id, answer = o, record_timestamp_ms = r.timestamp_ms, cutoff_ms = cutoff,
+                    "kafka offset lookup by time returned a record older than the cutoff; assuming every record is older"
+                );
+                Ok(hi)
+            }
+            None => Ok(hi),
+        }
+    }
+
     fn append_raw(&self, records: &[(Bytes, Option<Bytes>, bool)]) -> Result<Vec<u64>> {
         // One batch at a time, so a batch's offsets are consecutive.
         let mut producer = lock(&self.producer);
         let result = self.send_batch(&producer, records);
-        if result.is_err()
-            && let Some((code, reason)) = producer.client().fatal_error()
-        {
-            {
-                // An idempotent producer that hit a fatal error (e.g. a
-                // sequence gap after a timeout) refuses further sends: start a
-                // new one for the next append.
-                tracing::warn!(changelog = %self.id, ?code, %reason, "kafka producer failed fatally; recreating it");
-                match create_producer(&self.options, &self.at) {
-                    Ok(p) => *producer = p,
-                    Err(e) => {
-                        tracing::warn!(changelog = %self.id, error = %e, "could not recreate kafka producer")
-                    }
+        if let Err(err) = &result {
+            // Start a new producer (a new producer id, sequence numbers from
+            // 0) for the next append after *any* failed one, not only after a
+            // fatal idempotence error: the failed batch's outcome is unknown
+            // anyway (the retry writes it again), and an idempotent producer
+            // whose records timed out carries sequence/epoch state a broker
+            // may not accept. tansu 0.6.0, restarted under a producer that
+            // kept its id, panics a storage task on its next Produce and
+            // answers every later Produce with UNKNOWN_SERVER_ERROR.
+            match producer.client().fatal_error() {
+                Some((code, reason)) => {
+                    tracing::warn!(changelog = %self.id, ?code, %reason, "kafka producer failed fatally; recreating it")
+                }
+                None => {
+                    tracing::info!(changelog = %self.id, error = %err, "kafka append failed; recreating the producer")
+                }
+            }
+            match create_producer(&self.options, &self.at) {
+                Ok(p) => *producer = p,
+                Err(e) => {
+                    tracing::warn!(changelog = %self.id, error = %e, "could not recreate kafka producer")
                 }
             }
         }
@@ -1097,7 +1133,10 @@ impl Changelog for KafkaChangelog {
         let elem = found.find_partition(&self.id.topic, self.partition);
         let tombstones_before = match elem.map(|e| (e.offset(), e.error())) {
             Some((_, Err(e))) => return Err(self.at.err("offset lookup by time", e)),
-            Some((Offset::Offset(o), Ok(()))) => u64::try_from(o).unwrap_or(0).min(hi),
+            Some((Offset::Offset(o), Ok(()))) => {
+                let o = u64::try_from(o).unwrap_or(0).min(hi);
+                self.check_offset_for_time(o, hi, cutoff)?
+            }
             // No record at or after the cutoff: every record is older, so any
             // tombstone may be gone.
             Some((Offset::End | Offset::Invalid, Ok(()))) => hi,
