@@ -29,6 +29,13 @@ type Mock = rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultPro
 
 /// The broker to use: the real one, or a mock cluster (kept alive by the caller).
 fn bootstrap(mock: &mut Option<Mock>) -> Option<String> {
+    // Under `cargo test --benches` (no `--bench` argument) these would write
+    // and re-read hundreds of thousands of records through the shared broker;
+    // the broker tests in tests/kafka_changelog.rs cover the code paths.
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("*** kafka benches run only under `cargo bench` ***");
+        return None;
+    }
     match std::env::var("STATESNAP_TEST_KAFKA_BOOTSTRAP") {
         Ok(b) if !b.is_empty() => Some(b),
         _ if std::env::var("STATESNAP_BENCH_KAFKA_MOCK").is_ok_and(|v| v == "1") => {
