@@ -7,16 +7,24 @@
 //! - With `STATESNAP_BENCH_KAFKA_MOCK=1` (and no bootstrap) both run against
 //!   librdkafka's in-process mock cluster instead: client-side figures only.
 //! - `kafka_replay`: full replay of `STATESNAP_BENCH_KAFKA_RECORDS` (default
-//!   300 000) distinct-key records into a `MemoryStore`, next to a plain read
-//!   of the same records (no store) to tell client/broker cost from store cost.
+//!   300 000) distinct-key records into a `MemoryStore` and a `RocksStore`,
+//!   next to a plain read of the same records (no store) to tell
+//!   client/broker cost from store cost, and the same figures for the same
+//!   records in a `FileChangelog` (the target compares the two replays into
+//!   `RocksStore`).
+//! - `STATESNAP_BENCH_KAFKA_PROPERTIES=k=v,k=v` passes librdkafka properties
+//!   (experiments); `scripts/bench-kafka.sh` runs it all against tansu with
+//!   each of its storage engines.
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use std::time::Duration;
 
+use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::kafka::{KafkaChangelog, KafkaOptions, NonCompactedPolicy};
 use statesnap::changelog::{Changelog, ChangelogId, Record};
 use statesnap::restore::{ReplayOptions, replay};
 use statesnap::store::memory::MemoryStore;
+use statesnap::store::rocks::{RocksOptions, RocksStore};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -60,6 +68,15 @@ fn open(bootstrap: &str, store: &str, mock: Option<&Mock>) -> KafkaChangelog {
     let run = uuid::Uuid::new_v4().simple().to_string();
     let id = ChangelogId::for_store(&format!("bench{}", &run[..8]), store, 0).expect("topic name");
     let mut options = KafkaOptions::new(bootstrap);
+    // Extra librdkafka properties for experiments: `k=v,k=v`.
+    if let Ok(extra) = std::env::var("STATESNAP_BENCH_KAFKA_PROPERTIES") {
+        for kv in extra.split(',').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .expect("STATESNAP_BENCH_KAFKA_PROPERTIES: k=v,k=v");
+            options = options.property(k.trim(), v.trim());
+        }
+    }
     if let Some(m) = mock {
         m.create_topic(&id.topic, 1, 1).expect("mock topic");
         options = options
@@ -110,50 +127,82 @@ fn replay_throughput(c: &mut Criterion) {
     };
     let n = env_u64("STATESNAP_BENCH_KAFKA_RECORDS", 300_000);
     let log = open(&b, "replay", mock.as_ref());
+    // The same records in a file changelog: the baseline of the target.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = FileChangelog::open(
+        dir.path().join("log"),
+        ChangelogId::for_store("bench", "replay", 0).expect("id"),
+        FileChangelogOptions::default(),
+    )
+    .expect("open file log");
     let mut i = 0;
     while i < n {
         let k = 10_000.min(n - i);
-        log.append(&batch(i, k)).expect("prefill");
+        let records = batch(i, k);
+        log.append(&records).expect("prefill");
+        file.append(&records).expect("prefill file log");
         i += k;
     }
+    file.flush().expect("flush file log");
     let start = log.start_offset().expect("start");
     let end = log.end_offset().expect("end");
     eprintln!("kafka replay bench: {n} records appended, offsets {start}..{end}");
 
     // What a full replay reads: compaction or (on the mock) a dropped prefix
     // may leave fewer than `n`.
-    let readable = {
-        let mut r = log.read_from(0).expect("read");
-        let mut got = 0u64;
-        while let Some(b) = r.next_batch(10_000).expect("batch") {
-            got += b.len() as u64;
-        }
-        got
-    };
+    let readable = read_all(&log);
     eprintln!("kafka replay bench: {readable} records readable");
 
     let mut g = c.benchmark_group("kafka_replay");
     g.sample_size(10).measurement_time(Duration::from_secs(20));
     g.throughput(Throughput::Elements(readable));
-    g.bench_function("read_only", |bn| {
-        bn.iter(|| {
-            let mut r = log.read_from(0).expect("read");
-            let mut got = 0u64;
-            while let Some(b) = r.next_batch(10_000).expect("batch") {
-                got += b.len() as u64;
-            }
-            assert!(got > 0);
-            got
-        })
-    });
-    g.bench_function("into_memory_store", |bn| {
+    g.bench_function("kafka/read_only", |bn| bn.iter(|| read_all(&log)));
+    g.bench_function("kafka/into_memory_store", |bn| {
         bn.iter_batched(
             MemoryStore::new,
             |mut s| replay(&mut s, &log, &ReplayOptions::default(), &mut |_| {}).expect("replay"),
             BatchSize::PerIteration,
         )
     });
+    g.bench_function("kafka/into_rocks_store", |bn| {
+        bn.iter_batched(
+            rocks,
+            |(d, mut s)| replay_into(&mut s, d, &log),
+            BatchSize::PerIteration,
+        )
+    });
+    g.throughput(Throughput::Elements(n));
+    g.bench_function("file/read_only", |bn| bn.iter(|| read_all(&file)));
+    g.bench_function("file/into_rocks_store", |bn| {
+        bn.iter_batched(
+            rocks,
+            |(d, mut s)| replay_into(&mut s, d, &file),
+            BatchSize::PerIteration,
+        )
+    });
     g.finish();
+}
+
+fn read_all(log: &dyn Changelog) -> u64 {
+    let mut r = log.read_from(0).expect("read");
+    let mut got = 0u64;
+    while let Some(b) = r.next_batch(10_000).expect("batch") {
+        got += b.len() as u64;
+    }
+    assert!(got > 0, "nothing read");
+    got
+}
+
+fn rocks() -> (tempfile::TempDir, RocksStore) {
+    let d = tempfile::tempdir().expect("tempdir");
+    let s = RocksStore::open(d.path().join("db"), &RocksOptions::default()).expect("open");
+    (d, s)
+}
+
+fn replay_into(s: &mut RocksStore, d: tempfile::TempDir, log: &dyn Changelog) -> tempfile::TempDir {
+    let report = replay(s, log, &ReplayOptions::default(), &mut |_| {}).expect("replay");
+    assert!(report.records > 0);
+    d
 }
 
 criterion_group!(benches, append_throughput, replay_throughput);

@@ -277,6 +277,84 @@ fn a_batch_of_ten_thousand_gets_consecutive_offsets_in_order() {
     );
 }
 
+/// Small records, one record of `mib` MiB, small records: one batch each
+/// side of a batch bigger than the producer's `batch.size` (1 MiB).
+fn around_a_big_value(mib: u32) -> Vec<Record> {
+    let big: Vec<u8> = (0..mib * 1024 * 1024).map(|i| (i % 253) as u8).collect();
+    let mut batch: Vec<Record> = (0..100u32)
+        .map(|i| Record::put(format!("a{i:03}"), vec![1u8; 1000]))
+        .collect();
+    batch.push(Record::put("big", big));
+    batch.extend((0..100u32).map(|i| Record::put(format!("b{i:03}"), vec![2u8; 1000])));
+    batch
+}
+
+/// A 3 MiB value between small records reads back whole and in order.
+#[test]
+fn a_value_bigger_than_a_producer_batch_reads_back_whole() {
+    let Some(b) = bootstrap("a_value_bigger_than_a_producer_batch_reads_back_whole") else {
+        return;
+    };
+    let _serial = serial();
+    let log = KafkaChangelog::open(fresh_id("big3"), options(&b)).unwrap();
+    let batch = around_a_big_value(3);
+    let offsets = log.append(&batch).unwrap();
+    let got = read_all(&log, offsets[0]);
+    assert_eq!(got.len(), batch.len());
+    for (g, r) in got.iter().zip(&batch) {
+        assert_eq!((&g.key, &g.value), (&r.key, &r.value), "record {:?}", r.key);
+    }
+}
+
+/// A 6 MiB value: Kafka serves it (a fetch returns an oversized first batch,
+/// KIP-74); tansu 0.6.0 caps a fetch at 5 MiB and never sends it. Either the
+/// read is whole, or it fails — transient, naming the offset it is stuck at
+/// and the fetch limits — after the idle timeout instead of hanging, and
+/// nothing before it is lost.
+#[test]
+fn a_value_the_broker_may_not_serve_reads_whole_or_fails_clearly() {
+    let Some(b) = bootstrap("a_value_the_broker_may_not_serve_reads_whole_or_fails_clearly") else {
+        return;
+    };
+    let _serial = serial();
+    let log = KafkaChangelog::open(
+        fresh_id("big6"),
+        options(&b).request_timeout(Duration::from_secs(3)),
+    )
+    .unwrap();
+    let batch = around_a_big_value(6);
+    let offsets = log.append(&batch).unwrap();
+    let mut r = log.read_from(offsets[0]).unwrap();
+    let mut got = Vec::new();
+    let outcome = loop {
+        match r.next_batch(1000) {
+            Ok(Some(b)) => got.extend(b),
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    match outcome {
+        Ok(()) => {
+            assert_eq!(got.len(), batch.len());
+            for (g, r) in got.iter().zip(&batch) {
+                assert_eq!((&g.key, &g.value), (&r.key, &r.value), "record {:?}", r.key);
+            }
+        }
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+            let msg = e.to_string();
+            let stuck = format!("next_offset={}", offsets[100]);
+            assert!(msg.contains(&stuck), "{msg}");
+            assert!(msg.contains("max.partition.fetch.bytes"), "{msg}");
+            // Everything before the big record arrived, in order.
+            assert_eq!(got.len(), 100);
+            for (g, r) in got.iter().zip(&batch) {
+                assert_eq!((&g.key, &g.value), (&r.key, &r.value));
+            }
+        }
+    }
+}
+
 #[test]
 fn end_to_end_logged_store_rebuilds_from_kafka_by_full_replay() {
     let Some(b) = bootstrap("end_to_end_logged_store_rebuilds_from_kafka_by_full_replay") else {
