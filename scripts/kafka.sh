@@ -18,6 +18,11 @@
 #
 # Needs STATESNAP_CACHE (default $HOME/.cache/statesnap). Runs as root (or
 # with sudo for apt-get).
+#
+# KAFKA_STORAGE_ENGINE picks tansu's storage: `sqlite://tansu.db` (default:
+# persistent across broker restarts, which the restart tests need) or
+# `memory://tansu/` (benchmarks: it shows what the client does when the
+# broker's storage is not the limit; lost when the broker stops).
 
 KAFKA_TANSU_VERSION="0.6.0"
 
@@ -89,8 +94,8 @@ _kafka_free_port() {
 # dir as working directory and the database is ./tansu.db.
 _kafka_cmd() {
   local port="$1"
-  printf '%s broker --listener-url tcp://127.0.0.1:%s --advertised-listener-url tcp://127.0.0.1:%s --storage-engine sqlite://tansu.db --silent\n' \
-    "$(kafka_bin)" "$port" "$port"
+  printf '%s broker --listener-url tcp://127.0.0.1:%s --advertised-listener-url tcp://127.0.0.1:%s --storage-engine %s --silent\n' \
+    "$(kafka_bin)" "$port" "$port" "${KAFKA_STORAGE_ENGINE:-sqlite://tansu.db}"
 }
 
 kafka_start() {

@@ -24,6 +24,7 @@
 pub mod portable;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;
+pub(crate) mod staging;
 
 use std::future::Future;
 use std::path::Path;

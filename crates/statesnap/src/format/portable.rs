@@ -21,11 +21,15 @@
 //!   [`PortableFormat::new`] — any store type, not necessarily the one that
 //!   wrote the snapshot — then merges the layers (newest wins, tombstones
 //!   drop the key) and applies the result in batches at the snapshot's
-//!   offset. On error the target is removed. Every batch carries the
-//!   snapshot's offset, so a *crash* mid-restore can leave a partial store
-//!   at the target claiming that offset: the restorer never reuses a target
-//!   (it clears it and restores again), so open it only through
-//!   [`crate::restore::restore_store`].
+//!   offset. The store is built at a hidden staging path next to the
+//!   target (`.<name>.statesnap-restore-<uuid>`), closed, fsynced and only
+//!   then renamed over the target (the old target moved aside first and put
+//!   back on failure), and reopened with the factory: a crash or an error
+//!   mid-restore leaves the target as it was, never a partial store that
+//!   already claims the snapshot's offset (`tests/portable_restore_crash.rs`
+//!   kills a restore at 17 points). A factory that creates nothing at the
+//!   path it is given (an in-memory store) gets the loaded store directly.
+//!   The factory must open the store *at* the path it is given.
 //!
 //! Snapshot file paths are `layer-LLLL/chunk-CCCCCC.sspc`; the manifest's
 //! `format_metadata` lists the layers (see `docs/format.md`).
@@ -42,6 +46,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use self::chunk::{ChunkParams, Chunker, decode_chunk};
+use super::staging::{self, new_restore_staging, swap_into_place, sync_tree};
 use super::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
 use crate::changelog::Record;
 use crate::error::{Error, Result};
@@ -609,17 +614,36 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         let offset = manifest.changelog.offset;
         let id = manifest.snapshot_id.to_string();
         let store = tokio::task::spawn_blocking(move || -> Result<S> {
-            remove_path(&target)?;
-            let mut store = factory(&target)?;
-            match load_layers(&mut store, per_layer, &meta.layers, offset, &id) {
-                Ok(()) => Ok(store),
-                Err(e) => {
-                    // Never leave a half-restored store behind.
-                    drop(store);
-                    let _ = remove_path(&target);
-                    Err(e)
-                }
+            // Built at a staging path, switched in only when complete: a
+            // crash mid-load never leaves a partial store at `target` that
+            // already carries the snapshot's offset (invariant 1).
+            let (staging, mut guard) = new_restore_staging(&target)?;
+            let mut store = factory(&staging)?;
+            load_layers(&mut store, per_layer, &meta.layers, offset, &id)?;
+            if std::fs::symlink_metadata(&staging).is_err() {
+                // The factory keeps nothing at the path (an in-memory
+                // store): there is nothing a crash could leave half-written.
+                guard.armed = false;
+                remove_path(&target)?;
+                return Ok(store);
             }
+            drop(store); // closes it: its files are complete
+            sync_tree(&staging)?;
+            let store = swap_into_place(&staging, &target, |target| {
+                let store = factory(target)?;
+                let applied = store.applied_offset()?;
+                if applied != Some(offset) {
+                    return Err(Error::corrupt(format!(
+                        "restored store does not sit at its snapshot's offset after reopening \
+                         snapshot=`{id}` snapshot_offset={offset} applied_offset={applied:?} \
+                         path=`{}`; the store factory must open the store at the path it is given",
+                        target.display()
+                    )));
+                }
+                Ok(store)
+            })?;
+            guard.armed = false;
+            Ok(store)
         })
         .await
         .map_err(|e| Error::internal("portable restore task failed").with_source(e))??;
@@ -627,14 +651,9 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
     }
 }
 
+/// Removes a file or directory at `p` (a missing path is fine).
 fn remove_path(p: &Path) -> Result<()> {
-    let res = match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => Err(e),
-    };
-    res.map_err(|e| {
+    staging::remove_path(p).map_err(|e| {
         Error::io(
             format!("cannot clear restore target path=`{}`", p.display()),
             e,
@@ -804,6 +823,7 @@ impl<S: PortableSource + 'static> StoreFormat for PortableFormat<S> {
     }
 
     fn create_empty(&self, target: &Path) -> Result<S> {
+        staging::clean_restore_leftovers(target)?;
         remove_path(target)?;
         (self.factory)(target)
     }

@@ -49,11 +49,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt};
 use rocksdb::{ColumnFamilyDescriptor, DB};
 
+use super::staging::{
+    clean_restore_leftovers, io_err, new_restore_staging, register_live, remove_leftovers,
+    remove_path, split_target, swap_into_place, sync_dir, unregister_live,
+};
 use super::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
 use crate::error::{Error, Result};
 use crate::repo::{
@@ -69,8 +73,6 @@ pub const FORMAT_VERSION: u32 = 1;
 
 const CHECKPOINT_PREFIX: &str = "checkpoint-";
 const STAGING_SUFFIX: &str = ".statesnap-staging";
-const RESTORE_MARK: &str = ".statesnap-restore-";
-const OLD_MARK: &str = ".statesnap-old-";
 
 type CacheKey = (uuid::Uuid, String, u64);
 
@@ -130,54 +132,6 @@ impl Drop for RocksCut {
     }
 }
 
-/// Directories in use by this process (live checkpoints, restores in
-/// flight): leftover cleanup never touches them.
-fn live_dirs() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
-    static LIVE: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
-    let m = LIVE.get_or_init(|| Mutex::new(HashSet::new()));
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
-
-fn register_live(p: &Path) {
-    live_dirs().insert(p.to_path_buf());
-}
-
-fn unregister_live(p: &Path) {
-    live_dirs().remove(p);
-}
-
-/// Removes a directory (registered live) when dropped, unless disarmed.
-struct DirGuard {
-    path: PathBuf,
-    armed: bool,
-}
-
-impl DirGuard {
-    fn new(path: PathBuf) -> Self {
-        register_live(&path);
-        DirGuard { path, armed: true }
-    }
-}
-
-impl Drop for DirGuard {
-    fn drop(&mut self) {
-        if self.armed
-            && let Err(e) = std::fs::remove_dir_all(&self.path)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove staging directory; the next restore will");
-        }
-        unregister_live(&self.path);
-    }
-}
-
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
-    Error::io(format!("cannot {what} path=`{}`", path.display()), e)
-}
-
 /// Whether RocksDB never rewrites a file of this name once written.
 fn is_immutable(name: &str) -> bool {
     name.ends_with(".sst") || name.ends_with(".blob")
@@ -186,64 +140,6 @@ fn is_immutable(name: &str) -> bool {
 /// Files of a checkpoint that belong in a snapshot (not the info log or lock).
 fn snapshot_file(name: &str) -> bool {
     !(name == "LOCK" || name.starts_with("LOG"))
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| io_err("fsync directory", dir, e))
-}
-
-fn remove_path(p: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Removes entries of `dir` whose name passes `matches` and that no live cut
-/// or restore of this process uses. Returns how many were removed.
-fn remove_leftovers(dir: &Path, matches: impl Fn(&str) -> bool) -> Result<usize> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(io_err("list directory", dir, e)),
-    };
-    let mut removed = 0;
-    for entry in rd {
-        let entry = entry.map_err(|e| io_err("list directory", dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !matches(&name) {
-            continue;
-        }
-        let p = entry.path();
-        if live_dirs().contains(&p) {
-            continue;
-        }
-        tracing::info!(path = %p.display(), "removing leftover staging directory");
-        remove_path(&p).map_err(|e| io_err("remove leftover staging directory", &p, e))?;
-        removed += 1;
-    }
-    Ok(removed)
-}
-
-fn split_target(target: &Path) -> Result<(PathBuf, String)> {
-    let name = target
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .ok_or_else(|| {
-            Error::config(format!(
-                "restore target has no directory name path=`{}`",
-                target.display()
-            ))
-        })?;
-    let parent = match target.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    Ok((parent, name))
 }
 
 fn hash_file(path: &Path) -> Result<BlobHash> {
@@ -335,11 +231,7 @@ impl RocksFormat {
         let mut n = remove_leftovers(&self.staging_root_for(store_path), |name| {
             name.starts_with(CHECKPOINT_PREFIX)
         })?;
-        if let Ok((parent, name)) = split_target(store_path) {
-            let restore = format!(".{name}{RESTORE_MARK}");
-            let old = format!(".{name}{OLD_MARK}");
-            n += remove_leftovers(&parent, |e| e.starts_with(&restore) || e.starts_with(&old))?;
-        }
+        n += clean_restore_leftovers(store_path)?;
         Ok(n)
     }
 
@@ -387,42 +279,9 @@ impl RocksFormat {
     /// Moves `staging` over `target`, opens the store and checks its offset;
     /// on failure puts the old target back.
     fn install(&self, staging: &Path, target: &Path, manifest: &Manifest) -> Result<RocksStore> {
-        let (parent, name) = split_target(target)?;
-        let old = if std::fs::symlink_metadata(target).is_ok() {
-            let old = parent.join(format!(
-                ".{name}{OLD_MARK}{}",
-                uuid::Uuid::new_v4().simple()
-            ));
-            register_live(&old);
-            if let Err(e) = std::fs::rename(target, &old) {
-                unregister_live(&old);
-                return Err(io_err("move the existing store aside", target, e));
-            }
-            Some(old)
-        } else {
-            None
-        };
-        let put_back = |old: &Option<PathBuf>| {
-            if let Some(old) = old {
-                let _ = remove_path(target);
-                if let Err(e) = std::fs::rename(old, target) {
-                    tracing::error!(from = %old.display(), to = %target.display(), error = %e, "cannot put the previous store back");
-                }
-                let _ = sync_dir(&parent);
-                unregister_live(old);
-            }
-        };
-        if let Err(e) = std::fs::rename(staging, target) {
-            put_back(&old);
-            return Err(io_err("move the restored store into place", target, e));
-        }
-        // The rename is the switch-over: make it durable before using it.
-        if let Err(e) = sync_dir(&parent) {
-            put_back(&old);
-            return Err(e);
-        }
-        let opened = RocksStore::open(target, &self.options).and_then(|store| {
+        swap_into_place(staging, target, |target| {
             use crate::store::StateStore;
+            let store = RocksStore::open(target, &self.options)?;
             let applied = store.applied_offset()?;
             if applied != Some(manifest.changelog.offset) {
                 return Err(Error::corrupt(format!(
@@ -434,27 +293,7 @@ impl RocksFormat {
                 )));
             }
             Ok(store)
-        });
-        match opened {
-            Ok(store) => {
-                if let Some(old) = old {
-                    if let Err(e) = remove_path(&old) {
-                        tracing::warn!(path = %old.display(), error = %e, "cannot remove the previous store; the next restore will");
-                    }
-                    unregister_live(&old);
-                }
-                Ok(store)
-            }
-            Err(e) => {
-                if old.is_some() {
-                    put_back(&old);
-                } else {
-                    let _ = remove_path(target);
-                    let _ = sync_dir(&parent);
-                }
-                Err(e)
-            }
-        }
+        })
     }
 }
 
@@ -709,14 +548,8 @@ impl StoreFormat for RocksFormat {
         let repo = ctx.repo;
         let sk = &manifest.store_key;
         let target = ctx.target.to_path_buf();
-        let (parent, name) = split_target(&target)?;
-        std::fs::create_dir_all(&parent).map_err(|e| io_err("create directory", &parent, e))?;
         self.clean_leftovers(&target)?;
-        let staging = parent.join(format!(
-            ".{name}{RESTORE_MARK}{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let mut guard = DirGuard::new(staging.clone());
+        let (staging, mut guard) = new_restore_staging(&target)?;
         std::fs::create_dir(&staging)
             .map_err(|e| io_err("create staging directory", &staging, e))?;
 
