@@ -617,7 +617,6 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             // Built at a staging path, switched in only when complete: a
             // crash mid-load never leaves a partial store at `target` that
             // already carries the snapshot's offset (invariant 1).
-            staging::clean_restore_leftovers(&target)?;
             let (staging, mut guard) = new_restore_staging(&target)?;
             let mut store = factory(&staging)?;
             load_layers(&mut store, per_layer, &meta.layers, offset, &id)?;
@@ -630,11 +629,17 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             }
             drop(store); // closes it: its files are complete
             sync_tree(&staging)?;
-            // A factory that opens the store elsewhere than the path it is
-            // given shows up here as a store without the snapshot's offset.
             let store = swap_into_place(&staging, &target, |target| {
                 let store = factory(target)?;
-                staging::expect_offset(&store, &id, offset, target)?;
+                let applied = store.applied_offset()?;
+                if applied != Some(offset) {
+                    return Err(Error::corrupt(format!(
+                        "restored store does not sit at its snapshot's offset after reopening \
+                         snapshot=`{id}` snapshot_offset={offset} applied_offset={applied:?} \
+                         path=`{}`; the store factory must open the store at the path it is given",
+                        target.display()
+                    )));
+                }
                 Ok(store)
             })?;
             guard.armed = false;

@@ -55,8 +55,8 @@ use futures::{StreamExt, TryStreamExt};
 use rocksdb::{ColumnFamilyDescriptor, DB};
 
 use super::staging::{
-    clean_restore_leftovers, expect_offset, io_err, new_restore_staging, register_live,
-    remove_leftovers, remove_path, split_target, swap_into_place, sync_dir, unregister_live,
+    clean_restore_leftovers, io_err, new_restore_staging, register_live, remove_leftovers,
+    remove_path, split_target, swap_into_place, sync_dir, unregister_live,
 };
 use super::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
 use crate::error::{Error, Result};
@@ -280,13 +280,18 @@ impl RocksFormat {
     /// on failure puts the old target back.
     fn install(&self, staging: &Path, target: &Path, manifest: &Manifest) -> Result<RocksStore> {
         swap_into_place(staging, target, |target| {
+            use crate::store::StateStore;
             let store = RocksStore::open(target, &self.options)?;
-            expect_offset(
-                &store,
-                &manifest.snapshot_id.to_string(),
-                manifest.changelog.offset,
-                target,
-            )?;
+            let applied = store.applied_offset()?;
+            if applied != Some(manifest.changelog.offset) {
+                return Err(Error::corrupt(format!(
+                    "restored store does not sit at its snapshot's offset snapshot=`{}` \
+                     snapshot_offset={} applied_offset={applied:?} path=`{}`",
+                    manifest.snapshot_id,
+                    manifest.changelog.offset,
+                    target.display()
+                )));
+            }
             Ok(store)
         })
     }

@@ -162,37 +162,18 @@ pub(crate) fn clean_restore_leftovers(target: &Path) -> Result<usize> {
 }
 
 /// A fresh staging path for a restore of `target` (not created), guarded:
-/// removed on drop unless disarmed. Creates the target's parent directory;
-/// callers remove leftovers of earlier crashed restores first
-/// ([`clean_restore_leftovers`]).
+/// removed on drop unless disarmed. Creates the target's parent directory
+/// and removes leftovers of earlier crashed restores first.
 pub(crate) fn new_restore_staging(target: &Path) -> Result<(PathBuf, PathGuard)> {
     let (parent, name) = split_target(target)?;
     std::fs::create_dir_all(&parent).map_err(|e| io_err("create directory", &parent, e))?;
+    clean_restore_leftovers(target)?;
     let staging = parent.join(format!(
         ".{name}{RESTORE_MARK}{}",
         uuid::Uuid::new_v4().simple()
     ));
     let guard = PathGuard::new(staging.clone());
     Ok((staging, guard))
-}
-
-/// Checks that a store restored from snapshot `snapshot` at `offset`, now
-/// at `path`, sits at that offset.
-pub(crate) fn expect_offset<S: crate::store::StateStore>(
-    store: &S,
-    snapshot: &str,
-    offset: u64,
-    path: &Path,
-) -> Result<()> {
-    let applied = store.applied_offset()?;
-    if applied != Some(offset) {
-        return Err(Error::corrupt(format!(
-            "restored store does not sit at its snapshot's offset snapshot=`{snapshot}` \
-             snapshot_offset={offset} applied_offset={applied:?} path=`{}`",
-            path.display()
-        )));
-    }
-    Ok(())
 }
 
 /// Moves the complete, durable `staging` over `target` and opens the result
