@@ -15,3 +15,90 @@ impl fmt::Debug for DebugBytes<'_> {
         Ok(())
     }
 }
+
+/// Runs `f` on every item, at most `parallelism` at a time, and returns the
+/// outputs in completion order, or the first error.
+///
+/// Unlike `buffer_unordered(..).try_collect()`, an error does not drop the
+/// items still running: no new item starts, but those in flight are driven
+/// to completion before the error is returned. That matters for local file
+/// I/O: a dropped `tokio::fs` or `spawn_blocking` future keeps running on the
+/// blocking pool, so a caller that removes its staging directory right
+/// after the error could race with a download still creating files (or the
+/// directory itself) in it.
+pub(crate) async fn drain_bounded<T, U, E, Fut>(
+    items: impl IntoIterator<Item = T>,
+    parallelism: usize,
+    f: impl Fn(T) -> Fut,
+) -> std::result::Result<Vec<U>, E>
+where
+    Fut: std::future::Future<Output = std::result::Result<U, E>>,
+{
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let failed = AtomicBool::new(false);
+    let (failed, f) = (&failed, &f);
+    let results: Vec<Option<std::result::Result<U, E>>> = futures::stream::iter(items)
+        .map(|item| async move {
+            if failed.load(Ordering::Relaxed) {
+                return None;
+            }
+            let r = f(item).await;
+            if r.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            Some(r)
+        })
+        .buffer_unordered(parallelism.max(1))
+        .collect()
+        .await;
+    let mut out = Vec::with_capacity(results.len());
+    for r in results.into_iter().flatten() {
+        out.push(r?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drain_bounded;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn drain_bounded_finishes_running_items_and_starts_no_new_one_after_an_error() {
+        let finished = Arc::new(AtomicUsize::new(0));
+        let started = Arc::new(AtomicUsize::new(0));
+        let (fin, st) = (finished.clone(), started.clone());
+        let r: Result<Vec<u32>, String> = drain_bounded(0..20u32, 4, move |i| {
+            let (fin, st) = (fin.clone(), st.clone());
+            async move {
+                st.fetch_add(1, Ordering::SeqCst);
+                if i == 1 {
+                    return Err(format!("item {i} failed"));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                fin.fetch_add(1, Ordering::SeqCst);
+                Ok(i)
+            }
+        })
+        .await;
+        assert_eq!(r.unwrap_err(), "item 1 failed");
+        // Every item that started also finished before the error came back
+        // (all but the failed one), and no item after the first four began.
+        let s = started.load(Ordering::SeqCst);
+        assert_eq!(finished.load(Ordering::SeqCst), s - 1, "started={s}");
+        assert!((2..=4).contains(&s), "started={s}");
+    }
+
+    #[tokio::test]
+    async fn drain_bounded_returns_every_output() {
+        let r: Result<Vec<u32>, ()> =
+            drain_bounded(0..50u32, 3, |i| async move { Ok(i * 2) }).await;
+        let mut v = r.unwrap();
+        v.sort();
+        assert_eq!(v, (0..50).map(|i| i * 2).collect::<Vec<_>>());
+    }
+}

@@ -51,7 +51,6 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use futures::{StreamExt, TryStreamExt};
 use rocksdb::{ColumnFamilyDescriptor, DB};
 
 use super::staging::{
@@ -65,6 +64,7 @@ use crate::repo::{
     StoreFormatId,
 };
 use crate::store::rocks::{META_CF, RocksOptions, RocksStore, read_applied_offset, rocks_error};
+use crate::util::drain_bounded;
 
 /// Name of this format in manifests.
 pub const FORMAT_NAME: &str = "rocksdb";
@@ -478,11 +478,8 @@ impl StoreFormat for RocksFormat {
                 Ok::<_, Error>((name, done))
             }
         };
-        let results: Vec<(String, Done)> = futures::stream::iter(plans.into_iter().map(step))
-            .buffer_unordered(repo.transfer().parallelism.max(1))
-            .try_collect()
-            .await?;
-        let mut results = results;
+        let mut results: Vec<(String, Done)> =
+            drain_bounded(plans, repo.transfer().parallelism.max(1), step).await?;
         results.sort_by(|a, b| a.0.cmp(&b.0));
         let mut writer = SnapshotWriter::new(repo, sk.clone());
         let mut hashes = Vec::with_capacity(results.len());
@@ -570,11 +567,10 @@ impl StoreFormat for RocksFormat {
         let parallelism = repo.transfer().parallelism.max(1);
         // Local-first: a local file is reused only if its bytes hash to the
         // manifest's blake3, never on name and size alone.
+        // Errors drain the transfers still running before the guard removes
+        // `staging`, so none of them re-creates it (see `drain_bounded`).
         let checked: Vec<(FileEntry, PathBuf, bool)> =
-            futures::stream::iter(candidates.into_iter().map(reuse_local))
-                .buffer_unordered(parallelism)
-                .try_collect()
-                .await?;
+            drain_bounded(candidates, parallelism, reuse_local).await?;
         for (f, dest, ok) in checked {
             if ok {
                 stats.files_reused_locally += 1;
@@ -588,13 +584,9 @@ impl StoreFormat for RocksFormat {
             stats.bytes_downloaded += f.size;
         }
         let id = manifest.snapshot_id;
-        futures::stream::iter(
-            downloads
-                .into_iter()
-                .map(|(f, dest)| download_one(repo, sk, id, f, dest)),
-        )
-        .buffer_unordered(parallelism)
-        .try_collect::<()>()
+        drain_bounded(downloads, parallelism, |(f, dest)| {
+            download_one(repo, sk, id, f, dest)
+        })
         .await?;
         // Every file is fsynced by the download; the directory entries too.
         sync_dir(&staging)?;

@@ -412,12 +412,11 @@ impl Repository {
         sk: &StoreKey,
         items: &[(BlobRef, PathBuf)],
     ) -> Result<()> {
-        futures::stream::iter(
-            (0..items.len()).map(|i| self.get_blob_to_file(sk, &items[i].0, &items[i].1)),
-        )
-        .buffer_unordered(self.transfer.parallelism.max(1))
-        .try_collect::<()>()
+        crate::util::drain_bounded(items, self.transfer.parallelism, |(b, p)| {
+            self.get_blob_to_file(sk, b, p)
+        })
         .await
+        .map(drop)
     }
 }
 
