@@ -2,12 +2,13 @@
 # S3-protocol test server (s3s-fs) on 127.0.0.1, to be sourced:
 #
 #   source scripts/s3.sh
-#   s3_install && s3_start      # exports STATESNAP_TEST_S3_URL, AWS_* ; stops on exit
+#   trap s3_stop EXIT           # the caller owns the EXIT trap
+#   s3_install && s3_start      # exports STATESNAP_TEST_S3_URL, AWS_*
 #   cargo test ...
-#   s3_stop                     # optional: also runs on EXIT
+#   s3_stop                     # idempotent
 #
-# s3_start installs a trap on EXIT that calls s3_stop; if the caller has its
-# own EXIT trap, it should call s3_stop from it.
+# s3_start sets no trap of its own: it used to, and that replaced the
+# caller's EXIT trap, so scripts/test.sh never stopped its Kafka broker.
 
 STATESNAP_CACHE="${STATESNAP_CACHE:-$HOME/.cache/statesnap}"
 S3S_FS_VERSION="0.14.1"
@@ -49,7 +50,6 @@ s3_start() {
         --access-key "$access_key" --secret-key "$secret_key" "$S3_DATA_DIR" \
         >"$S3_DATA_DIR.log" 2>&1 &
     S3_PID=$!
-    trap s3_stop EXIT
     local i
     for i in $(seq 1 100); do
         if _s3_port_open "$S3_PORT"; then

@@ -832,3 +832,165 @@ fn mock_cluster_broker_down_fails_the_commit_and_recovery_is_exact() {
     let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
     assert_eq!(got, model);
 }
+
+/// Records `0..n` with distinct keys and values, appended in batches of 10 000.
+fn append_numbered(log: &KafkaChangelog, n: u32) -> Vec<Record> {
+    let all: Vec<Record> = (0..n)
+        .map(|i| Record::put(format!("k{i:07}"), format!("v{i:07}-{}", "x".repeat(88))))
+        .collect();
+    for chunk in all.chunks(10_000) {
+        log.append(chunk).unwrap();
+    }
+    all
+}
+
+/// Replay reads through a prefetch thread that hands over chunks of its own
+/// size: any `max_records` the caller asks for is honoured exactly, several
+/// readers can be open at once, and a reader dropped half-way leaves the next
+/// one exact.
+#[test]
+fn reads_honour_any_batch_size_and_readers_can_be_dropped_half_way() {
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let id = fresh_id("mockprefetch");
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let log = KafkaChangelog::open(id, mock_options(&mock)).unwrap();
+    let all = append_numbered(&log, 30_000);
+
+    let mut a = log.read_from(0).unwrap();
+    let mut b = log.read_from(12_345).unwrap();
+    let sizes = [1usize, 7, 9_000, 20_000, 3, 8_192, 8_193];
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    loop {
+        let max = sizes[i % sizes.len()];
+        i += 1;
+        let ba = a.next_batch(max).unwrap();
+        let bb = b.next_batch(max).unwrap();
+        for batch in [&ba, &bb].into_iter().flatten() {
+            assert!(
+                !batch.is_empty() && batch.len() <= max,
+                "{} > {max}",
+                batch.len()
+            );
+        }
+        let done = ba.is_none() && bb.is_none();
+        got_a.extend(ba.into_iter().flatten());
+        got_b.extend(bb.into_iter().flatten());
+        if done {
+            break;
+        }
+    }
+    let as_records = |v: Vec<LoggedRecord>| -> Vec<Record> {
+        v.into_iter().map(LoggedRecord::into_record).collect()
+    };
+    assert_eq!(as_records(got_a), all);
+    assert_eq!(as_records(got_b), all[12_345..].to_vec());
+    assert_eq!(a.next_batch(10).unwrap(), None, "stays at the end");
+
+    // Dropped after one small batch, with the prefetch thread mid-read or
+    // blocked on a full queue: the drop returns and the next reader is exact.
+    for _ in 0..5 {
+        let mut r = log.read_from(100).unwrap();
+        let first = r.next_batch(5).unwrap().unwrap();
+        assert_eq!(first[0].offset, 100);
+        drop(r);
+    }
+    assert_eq!(
+        as_records(read_all(&log, 0)),
+        all,
+        "a full read after the drops"
+    );
+}
+
+/// The broker goes away in the middle of a long read: the reader hands out
+/// what it already fetched, then fails `transient` naming the bootstrap
+/// servers (never a silent short read), and a reader dropped while its
+/// thread waits on the dead broker returns promptly. Once the broker is back,
+/// a new reader reads everything exactly. (A broker of the test's own: the
+/// mock cluster drops old records once a few MB are in.)
+#[test]
+fn broker_down_mid_read_is_a_transient_error_after_an_exact_prefix() {
+    let test = "broker_down_mid_read_is_a_transient_error_after_an_exact_prefix";
+    let Some(template) = env_or_skip("STATESNAP_TEST_KAFKA_CMD", test) else {
+        return;
+    };
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = OwnBroker::new(template, dir.path());
+    broker.start();
+    // Small client-side buffers, so most of the log is still on the broker
+    // when it goes down.
+    let opts = KafkaOptions::new(broker.bootstrap())
+        .request_timeout(Duration::from_secs(3))
+        .delivery_timeout(Duration::from_secs(10))
+        .property("queued.max.messages.kbytes", "256")
+        .property("max.partition.fetch.bytes", "262144");
+    let id = fresh_id("readdown");
+    let log = KafkaChangelog::open(id.clone(), opts.clone()).unwrap();
+    let n = 100_000u32;
+    let all = append_numbered(&log, n);
+    let as_records = |v: Vec<LoggedRecord>| -> Vec<Record> {
+        v.into_iter().map(LoggedRecord::into_record).collect()
+    };
+
+    let mut r = log.read_from(0).unwrap();
+    let mut idle = log.read_from(0).unwrap();
+    let mut got: Vec<LoggedRecord> = r.next_batch(1_000).unwrap().unwrap();
+    idle.next_batch(1).unwrap().unwrap();
+    broker.stop();
+    let err = loop {
+        match r.next_batch(1_000) {
+            Ok(Some(b)) => got.extend(b),
+            Ok(None) => panic!(
+                "the read ended without an error after {} of {n} records",
+                got.len()
+            ),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(err.to_string().contains(&broker.bootstrap()), "{err}");
+    let got = as_records(got);
+    assert!(got.len() < n as usize, "{}", got.len());
+    assert!(
+        got == all[..got.len()],
+        "the {} records read before the error are not the log's first ones",
+        got.len()
+    );
+    drop(idle); // its thread is polling a dead broker: stopped and joined
+    drop(r);
+    drop(log);
+
+    broker.start(); // same port, same data dir
+    let mut again = None;
+    let mut last_error = None;
+    for _ in 0..20 {
+        let res = KafkaChangelog::open(id.clone(), opts.clone()).and_then(|log| {
+            let mut r = log.read_from(0)?;
+            let mut out = Vec::new();
+            while let Some(b) = r.next_batch(10_000)? {
+                out.extend(b);
+            }
+            Ok(out)
+        });
+        match res {
+            Ok(out) => {
+                again = Some(out);
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+                last_error = Some(e.to_string());
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    }
+    let again = as_records(again.unwrap_or_else(|| {
+        panic!("no read after the broker came back; last error: {last_error:?}")
+    }));
+    assert!(
+        again.len() == all.len() && again == all,
+        "{} records",
+        again.len()
+    );
+}
