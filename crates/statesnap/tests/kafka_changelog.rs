@@ -728,6 +728,40 @@ fn mock_cluster_smoke() {
     assert_eq!(read_all(&marker, 0).len(), 3, "readers skip the marker");
 }
 
+/// A replay whose last offsets hold nothing it applies (here the lineage
+/// marker, written at the end of a topic that already had records) still
+/// leaves the store at the end. Left at the last record instead, the store
+/// (and any snapshot of it) sat one offset below the end for good, and once
+/// the topic had been idle for `delete.retention.ms` every restore refused
+/// it as below the tombstone horizon.
+#[test]
+fn replay_ends_at_the_log_end_even_when_the_last_offset_is_a_marker() {
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let id = fresh_id("mocktail");
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let opts = mock_options(&mock)
+        .lineage_source(LineageSource::Marker)
+        .clock(Arc::new(clock.clone()));
+    let log = KafkaChangelog::open(id, opts).unwrap();
+    let batch: Vec<Record> = (0..10).map(|i| Record::put(format!("k{i}"), "v")).collect();
+    log.append(&batch).unwrap();
+    log.lineage().unwrap(); // the marker takes offset 10
+    assert_eq!(log.end_offset().unwrap(), 11);
+
+    let mut store = MemoryStore::new();
+    let report = replay(&mut store, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(report.records, 10);
+    assert_eq!(report.applied_offset, Some(10));
+    assert_eq!(store.applied_offset().unwrap(), Some(10));
+    assert_eq!(store.len(), 10);
+    // Much later, with nothing written meanwhile, the store can still resume.
+    clock.advance_ms(30 * 24 * 60 * 60 * 1000);
+    assert!(log.horizon().unwrap().can_resume_after(Some(10)));
+    let again = replay(&mut store, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(again.records, 0);
+}
+
 /// The changelog conformance suite on the mock cluster, every check but
 /// `concurrent_reader_never_sees_torn_records`: the mock keeps a bounded log
 /// per partition and drops its oldest message sets once that check's ~5 MB
@@ -902,6 +936,85 @@ fn reads_honour_any_batch_size_and_readers_can_be_dropped_half_way() {
     );
 }
 
+/// Records deleted from under a reader (the log start moves past its
+/// position while it reads: retention, DeleteRecords, here the mock
+/// cluster's bounded log) fail the read after an exact prefix: `stale` when
+/// librdkafka reports the reset, `transient` when it just stops fetching (as
+/// librdkafka 2.12 does against the mock cluster), and the next replay is
+/// refused `stale` by the horizon. (This does not tell `earliest` from
+/// `error`: against the mock, librdkafka 2.12 resets to its cached log start
+/// and keeps fetching out of range either way. Readers use `error` because
+/// with a broker that reports the new log start, `earliest` jumps past the
+/// deleted records, and a reader whose end lies below it reports a complete
+/// read.)
+#[test]
+fn records_deleted_under_a_reader_fail_it_stale_never_a_short_read() {
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let id = fresh_id("mockdeleted");
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    // Small fetches and a small client queue: the reader stays close behind
+    // what the caller has taken.
+    let opts = mock_options(&mock)
+        .property("queued.min.messages", "1000")
+        .property("queued.max.messages.kbytes", "64")
+        .property("fetch.max.bytes", "1048576")
+        .property("max.partition.fetch.bytes", "65536");
+    let log = KafkaChangelog::open(id, opts).unwrap();
+    let n = 35_000u32;
+    let all = append_numbered(&log, n);
+    assert_eq!(log.start_offset().unwrap(), 0);
+    let mut r = log.read_from(0).unwrap();
+    let mut got = r.next_batch(1).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(300)); // the prefetch queue fills
+    // 45 000 more records push the first 30 000 or more out of the mock's
+    // 5 MB log, past what the reader (~25 000 ahead at most) has fetched.
+    let more: Vec<Record> = (0..45_000u32)
+        .map(|i| Record::put(format!("m{i:07}"), "y".repeat(97)))
+        .collect();
+    for chunk in more.chunks(10_000) {
+        log.append(chunk).unwrap();
+    }
+    let lo = log.start_offset().unwrap();
+    assert!(lo >= 30_000, "the log start did not pass the reader: {lo}");
+    let err = loop {
+        match r.next_batch(1_000) {
+            Ok(Some(b)) => got.extend(b),
+            Ok(None) => panic!(
+                "the read ended without an error after {} of {n} records (log start now {lo})",
+                got.len()
+            ),
+            Err(e) => break e,
+        }
+    };
+    match err.kind() {
+        ErrorKind::Stale => {
+            assert!(
+                err.to_string().contains("deleted before they were read"),
+                "{err}"
+            )
+        }
+        ErrorKind::Transient => {
+            assert!(err.to_string().contains("received nothing"), "{err}")
+        }
+        other => panic!("unexpected error kind {other:?}: {err}"),
+    }
+    let got: Vec<Record> = got.into_iter().map(LoggedRecord::into_record).collect();
+    assert!(got.len() < n as usize, "{}", got.len());
+    assert!(
+        got == all[..got.len()],
+        "the {} records read before the error are not the log's first ones",
+        got.len()
+    );
+    assert!(r.next_batch(1).is_err(), "a failed reader stays failed");
+    drop(r);
+    // Resuming after the records read is refused: they are gone.
+    let mut store = MemoryStore::new();
+    store.apply(&got, (got.len() - 1) as u64).unwrap();
+    let again = replay(&mut store, &log, &ReplayOptions::default(), &mut |_| {})
+        .expect_err("a replay over deleted records");
+    assert_eq!(again.kind(), ErrorKind::Stale, "{again}");
+}
+
 /// The broker goes away in the middle of a long read: the reader hands out
 /// what it already fetched, then fails `transient` naming the bootstrap
 /// servers (never a silent short read), and a reader dropped while its
@@ -957,6 +1070,20 @@ fn broker_down_mid_read_is_a_transient_error_after_an_exact_prefix() {
         "the {} records read before the error are not the log's first ones",
         got.len()
     );
+    // The reader is spent: asking again must not look like the end of the
+    // log (its read thread has ended) nor skip records.
+    for _ in 0..3 {
+        match r.next_batch(1_000) {
+            Err(again) => {
+                assert_eq!(again.kind(), ErrorKind::Transient, "{again}");
+                assert!(again.to_string().contains("failed earlier"), "{again}");
+            }
+            Ok(b) => panic!(
+                "a failed reader went on: {:?} records after the error",
+                b.map(|b| b.len())
+            ),
+        }
+    }
     drop(idle); // its thread is polling a dead broker: stopped and joined
     drop(r);
     drop(log);

@@ -1,6 +1,8 @@
 //! Model test: random put/delete/commit/drop-without-commit/reopen sequences
 //! over `LoggedStore` on each store type, with the file changelog, checked
-//! against a `BTreeMap` of committed writes after every reopen + replay.
+//! against a `BTreeMap` of committed writes after every commit and every
+//! reopen + replay. Appends can be made to fail after writing part of their
+//! batch, as a Kafka producer or a cut-short file write can.
 #![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
@@ -8,9 +10,10 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-use statesnap::changelog::ChangelogId;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+use statesnap::changelog::{Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, Record};
 use statesnap::restore::ReplayOptions;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
@@ -28,6 +31,11 @@ enum Op {
     /// Lose the store entirely (a new machine), keep the changelog.
     LoseStore,
     RangeCheck(u8, u8),
+    /// A commit whose append writes only the first `n` records of the batch,
+    /// then fails.
+    FailedCommit(u8),
+    /// Drop the pending writes.
+    Discard,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -39,6 +47,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reopen),
         1 => Just(Op::LoseStore),
         2 => (0u8..40, 0u8..40).prop_map(|(a, b)| Op::RangeCheck(a.min(b), a.max(b))),
+        2 => (0u8..6).prop_map(Op::FailedCommit),
+        1 => Just(Op::Discard),
     ]
 }
 
@@ -55,6 +65,61 @@ fn small_segments() -> FileChangelogOptions {
 
 fn id() -> ChangelogId {
     ChangelogId::for_store("model", "store", 0).unwrap()
+}
+
+/// A file changelog whose next append can be made to write only part of its
+/// batch and then fail.
+struct Flaky {
+    inner: FileChangelog,
+    partial_next: Arc<Mutex<Option<usize>>>,
+}
+
+impl Changelog for Flaky {
+    fn id(&self) -> &ChangelogId {
+        self.inner.id()
+    }
+    fn append(&self, batch: &[Record]) -> statesnap::Result<Vec<u64>> {
+        match self.partial_next.lock().unwrap().take() {
+            None => self.inner.append(batch),
+            Some(n) => {
+                self.inner.append(&batch[..n.min(batch.len())])?;
+                Err(statesnap::Error::new(
+                    statesnap::ErrorKind::Transient,
+                    "injected: the append failed after part of its batch",
+                ))
+            }
+        }
+    }
+    fn read_from(&self, from: u64) -> statesnap::Result<Box<dyn ChangelogReader + '_>> {
+        self.inner.read_from(from)
+    }
+    fn start_offset(&self) -> statesnap::Result<u64> {
+        self.inner.start_offset()
+    }
+    fn end_offset(&self) -> statesnap::Result<u64> {
+        self.inner.end_offset()
+    }
+    fn lineage(&self) -> statesnap::Result<Lineage> {
+        self.inner.lineage()
+    }
+    fn horizon(&self) -> statesnap::Result<Horizon> {
+        self.inner.horizon()
+    }
+    fn flush(&self) -> statesnap::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn apply_to(
+    model: &mut BTreeMap<Bytes, Bytes>,
+    writes: impl IntoIterator<Item = (Bytes, Option<Bytes>)>,
+) {
+    for (k, v) in writes {
+        match v {
+            Some(v) => model.insert(k, v),
+            None => model.remove(&k),
+        };
+    }
 }
 
 trait Factory {
@@ -92,14 +157,21 @@ fn contents<S: StateStore>(s: &S) -> BTreeMap<Bytes, Bytes> {
 fn run<F: Factory>(mut f: F, ops: Vec<Op>) {
     let dir = tempfile::tempdir().unwrap();
     let log_dir = dir.path().join("log");
+    let partial_next = Arc::new(Mutex::new(None));
     let open = |f: &mut F, lose: bool| {
-        let log = FileChangelog::open(&log_dir, id(), small_segments()).unwrap();
+        let log = Flaky {
+            inner: FileChangelog::open(&log_dir, id(), small_segments()).unwrap(),
+            partial_next: partial_next.clone(),
+        };
         let mut ls = LoggedStore::new(f.open(dir.path(), lose), log).unwrap();
         ls.catch_up(&ReplayOptions { batch_size: 7 }).unwrap();
         ls
     };
     let mut committed: BTreeMap<Bytes, Bytes> = BTreeMap::new();
     let mut pending: BTreeMap<Bytes, Option<Bytes>> = BTreeMap::new();
+    // After a failed append, until the next commit, reads may or may not see
+    // the records it wrote.
+    let mut unsure = false;
     let mut ls = open(&mut f, false);
     for op in ops {
         match op {
@@ -114,31 +186,53 @@ fn run<F: Factory>(mut f: F, ops: Vec<Op>) {
             }
             Op::Commit => {
                 ls.commit().unwrap();
-                for (k, v) in std::mem::take(&mut pending) {
-                    match v {
-                        Some(v) => committed.insert(k, v),
-                        None => committed.remove(&k),
-                    };
+                apply_to(&mut committed, std::mem::take(&mut pending));
+                unsure = false;
+                // The store holds exactly what the changelog says, now.
+                assert_eq!(contents(ls.store()), committed, "after commit");
+            }
+            Op::FailedCommit(n) => {
+                *partial_next.lock().unwrap() = Some(usize::from(n));
+                let res = ls.commit();
+                if pending.is_empty() {
+                    // Nothing to append: the injected failure stays armed
+                    // for no one.
+                    *partial_next.lock().unwrap() = None;
+                    assert!(res.unwrap().is_none());
+                } else {
+                    assert!(res.is_err(), "the injected failure was not seen");
+                    // The records that reached the changelog are committed
+                    // as far as the changelog (the truth) is concerned; the
+                    // writes stay pending.
+                    let written: Vec<_> = pending
+                        .iter()
+                        .take(usize::from(n))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    apply_to(&mut committed, written);
+                    unsure = true;
                 }
+            }
+            Op::Discard => {
+                ls.discard();
+                pending.clear();
             }
             Op::DropWithoutCommit | Op::LoseStore => {
                 drop(ls);
                 pending.clear();
                 ls = open(&mut f, matches!(op, Op::LoseStore));
+                unsure = false;
                 assert_eq!(contents(ls.store()), committed, "after {op:?}");
             }
             Op::Reopen => {
                 ls.commit().unwrap();
-                for (k, v) in std::mem::take(&mut pending) {
-                    match v {
-                        Some(v) => committed.insert(k, v),
-                        None => committed.remove(&k),
-                    };
-                }
+                apply_to(&mut committed, std::mem::take(&mut pending));
                 drop(ls);
                 ls = open(&mut f, false);
+                unsure = false;
                 assert_eq!(contents(ls.store()), committed, "after reopen");
             }
+            Op::RangeCheck(..) if unsure => {}
             Op::RangeCheck(a, b) => {
                 // Reads see pending writes over committed state.
                 let mut view = committed.clone();
@@ -164,12 +258,8 @@ fn run<F: Factory>(mut f: F, ops: Vec<Op>) {
         }
     }
     ls.commit().unwrap();
-    for (k, v) in pending {
-        match v {
-            Some(v) => committed.insert(k, v),
-            None => committed.remove(&k),
-        };
-    }
+    apply_to(&mut committed, pending);
+    assert_eq!(contents(ls.store()), committed, "after the last commit");
     drop(ls);
     let ls = open(&mut f, true);
     assert_eq!(

@@ -79,10 +79,19 @@
 //! - `tombstones_before` = the first offset whose record timestamp is
 //!   `>= now - delete.retention.ms` (ListOffsets by time, `offsets_for_times`),
 //!   or the high watermark when every record is older. `now` is the injected
-//!   clock, `delete.retention.ms` is read from the topic config at `open`
-//!   (Kafka's default of 1 day if the broker does not say).
+//!   clock, `delete.retention.ms` is read from the topic config by every
+//!   `horizon()` call, so a change an operator makes while we run is
+//!   followed (Kafka's default of 1 day if the broker does not say; the
+//!   values at `open` if the broker does not answer DescribeConfigs at all).
 //! - `deleted_before` = the low watermark unless `cleanup.policy` is exactly
 //!   `compact` (then 0).
+//!
+//! [`replay`](crate::restore::replay) checks the horizon before it reads and
+//! again after, so a tombstone purged while a long replay ran fails it
+//! (`stale`) instead of leaving a store with a deleted key back. A reader
+//! whose position falls below the log start while it reads (retention,
+//! DeleteRecords) fails `stale` too: readers run with
+//! `auto.offset.reset=error`, never jumping silently over deleted records.
 //!
 //! What is guaranteed: replay from an offset `>= tombstones_before` sees
 //! every delete, *provided* record timestamps do not run ahead of the time
@@ -121,7 +130,9 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 mod wire;
 
-use super::{Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, LoggedRecord, Record};
+use super::{
+    Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, LoggedRecord, ReaderFuse, Record,
+};
 use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -623,6 +634,22 @@ struct Where {
 
 impl Where {
     fn err(&self, what: &str, e: KafkaError) -> Error {
+        if let KafkaError::ClientConfig(_, desc, key, value) = &e {
+            // rdkafka's message repeats the value (a password, a key): keep
+            // neither it nor the raw error.
+            let desc = if is_secret_key(key) && !value.is_empty() {
+                desc.replace(value.as_str(), "[redacted]")
+            } else {
+                desc.clone()
+            };
+            return Error::config(format!(
+                "kafka {what} failed changelog=`{}` bootstrap_servers=`{}`: bad client property \
+                 `{key}` = `{}` ({desc}); check the kafka settings",
+                self.id,
+                self.bootstrap,
+                redact(key, value)
+            ));
+        }
         let kind = kind_of(&e);
         let hint = match kind {
             ErrorKind::Transient => "; is the broker reachable? retry later",
@@ -654,8 +681,12 @@ pub struct KafkaChangelog {
     producer: Mutex<ThreadedProducer<Ctx>>,
     /// Metadata, watermark and offset-by-time queries (never polled).
     meta: BaseConsumer<Ctx>,
-    cleanup_policy: String,
-    delete_retention_ms: i64,
+    /// `cleanup.policy` and `delete.retention.ms`, as last read (at open and
+    /// at every [`Changelog::horizon`]).
+    configs: Mutex<(String, i64)>,
+    /// False when the broker did not answer DescribeConfigs at open (then the
+    /// values above are assumptions and are not asked for again).
+    configs_known: bool,
 }
 
 impl fmt::Debug for KafkaChangelog {
@@ -663,8 +694,8 @@ impl fmt::Debug for KafkaChangelog {
         f.debug_struct("KafkaChangelog")
             .field("id", &self.id)
             .field("options", &self.options)
-            .field("cleanup_policy", &self.cleanup_policy)
-            .field("delete_retention_ms", &self.delete_retention_ms)
+            .field("configs", &*lock(&self.configs))
+            .field("configs_known", &self.configs_known)
             .finish_non_exhaustive()
     }
 }
@@ -724,6 +755,7 @@ impl KafkaChangelog {
             )));
         }
 
+        let mut configs_known = true;
         let (cleanup_policy, delete_retention_ms) = match describe_topic(&options, &at) {
             Ok(c) => c,
             // The broker answered metadata but not DescribeConfigs (some
@@ -732,6 +764,7 @@ impl KafkaChangelog {
                 if e.is_transient() && options.non_compacted_policy == NonCompactedPolicy::Warn =>
             {
                 tracing::warn!(changelog = %id, error = %e, "could not read the topic's configs; assuming it is not compacted");
+                configs_known = false;
                 ("unknown".to_owned(), DEFAULT_DELETE_RETENTION_MS)
             }
             Err(e) => return Err(e),
@@ -755,20 +788,36 @@ impl KafkaChangelog {
             at,
             producer: Mutex::new(producer),
             meta,
-            cleanup_policy,
-            delete_retention_ms,
+            configs: Mutex::new((cleanup_policy, delete_retention_ms)),
+            configs_known,
         };
         Ok(log)
     }
 
-    /// The topic's `cleanup.policy` as read at open (e.g. `compact`).
-    pub fn cleanup_policy(&self) -> &str {
-        &self.cleanup_policy
+    /// The topic's `cleanup.policy` as last read (at open, and again by
+    /// every [`Changelog::horizon`]), e.g. `compact`; `unknown` if the broker
+    /// does not answer DescribeConfigs.
+    pub fn cleanup_policy(&self) -> String {
+        lock(&self.configs).0.clone()
     }
 
-    /// The topic's `delete.retention.ms` as read at open.
+    /// The topic's `delete.retention.ms` as last read (see
+    /// [`KafkaChangelog::cleanup_policy`]).
     pub fn delete_retention_ms(&self) -> i64 {
-        self.delete_retention_ms
+        lock(&self.configs).1
+    }
+
+    /// The topic's configs now: asked of the broker, because an operator may
+    /// change `delete.retention.ms` or the policy while we run and the
+    /// horizon must follow (a value cached since open could accept a
+    /// snapshot compaction has overtaken).
+    fn current_configs(&self) -> Result<(String, i64)> {
+        if !self.configs_known {
+            return Ok(lock(&self.configs).clone());
+        }
+        let now = describe_topic(&self.options, &self.at)?;
+        *lock(&self.configs) = now.clone();
+        Ok(now)
     }
 
     /// Deletes `topic` (admin helper for tests and tooling). Every changelog
@@ -797,9 +846,16 @@ impl KafkaChangelog {
             .meta
             .fetch_watermarks(&self.id.topic, self.partition, self.options.request_timeout)
             .map_err(|e| self.at.err("watermark fetch", e))?;
-        let lo = u64::try_from(lo).unwrap_or(0);
-        let hi = u64::try_from(hi).unwrap_or(0);
-        Ok((lo, hi.max(lo)))
+        // -1 is "unknown" (a new leader that has no high watermark yet): taking
+        // it as 0 would make a full log look empty.
+        match (u64::try_from(lo), u64::try_from(hi)) {
+            (Ok(lo), Ok(hi)) if lo <= hi => Ok((lo, hi)),
+            _ => Err(Error::transient(format!(
+                "kafka broker returned unusable watermarks changelog=`{}` bootstrap_servers=`{}` \
+                 low={lo} high={hi}; retry later (a leader election may be in progress)",
+                self.id, self.at.bootstrap
+            ))),
+        }
     }
 
     /// The lowest-offset marker in `[start, end)`, if any, and its offset.
@@ -1128,14 +1184,11 @@ impl Changelog for KafkaChangelog {
     }
 
     fn horizon(&self) -> Result<Horizon> {
+        let (cleanup_policy, delete_retention_ms) = self.current_configs()?;
         let (lo, hi) = self.watermarks()?;
         // A compact-only topic moves its log start only by compaction (or
         // DeleteRecords, which cannot be told apart); anything else may delete.
-        let deleted_before = if self
-            .cleanup_policy
-            .split(',')
-            .all(|p| p.trim() == "compact")
-        {
+        let deleted_before = if cleanup_policy.split(',').all(|p| p.trim() == "compact") {
             0
         } else {
             lo
@@ -1150,7 +1203,11 @@ impl Changelog for KafkaChangelog {
             .options
             .clock
             .now_ms()
-            .saturating_sub(self.delete_retention_ms);
+            .saturating_sub(delete_retention_ms)
+            // A clock earlier than the retention (tests, a clock near the
+            // epoch): every record is young. A negative timestamp would be
+            // refused as an argument.
+            .max(0);
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.id.topic, self.partition, Offset::Offset(cutoff))
             .map_err(|e| self.at.err("offset lookup by time", e))?;
@@ -1208,6 +1265,8 @@ struct KafkaReader {
     keep_markers: bool,
     /// Set by the owner of a prefetching reader to make it return early.
     stop: Option<Arc<AtomicBool>>,
+    /// An error may come after records a read had already moved past.
+    fuse: ReaderFuse,
 }
 
 /// Records a prefetch thread hands over at once (at most).
@@ -1228,6 +1287,7 @@ impl KafkaReader {
             idle_timeout: log.options.request_timeout,
             keep_markers: false,
             stop: None,
+            fuse: ReaderFuse::default(),
         };
         if from >= end {
             return Ok(r);
@@ -1265,6 +1325,16 @@ impl KafkaReader {
     /// Up to `max_records` records, ending early once their keys and values
     /// reach `max_bytes`.
     fn next_raw_bounded(
+        &mut self,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Option<Vec<RawRecord>>> {
+        self.fuse.check()?;
+        let result = self.read_raw_bounded(max_records, max_bytes);
+        self.fuse.observe(result)
+    }
+
+    fn read_raw_bounded(
         &mut self,
         max_records: usize,
         max_bytes: usize,
@@ -1338,7 +1408,29 @@ impl KafkaReader {
                         done = true;
                         break;
                     }
+                    Some(Err(e))
+                        if matches!(
+                            e.rdkafka_error_code(),
+                            Some(
+                                RDKafkaErrorCode::AutoOffsetReset
+                                    | RDKafkaErrorCode::OffsetOutOfRange
+                            )
+                        ) =>
+                    {
+                        return Err(Error::stale(format!(
+                            "kafka changelog records were deleted before they were read changelog=`{}` \
+                             bootstrap_servers=`{}` next_offset={} end_offset={}: the log start moved past \
+                             the reader (retention or DeleteRecords); a replay from here cannot be exact — \
+                             restore from a newer snapshot, or rebuild if none is usable",
+                            self.at.id, self.at.bootstrap, self.next, self.end
+                        ))
+                        .with_source(e));
+                    }
                     Some(Err(e)) => {
+                        if self.stopped() {
+                            self.finish();
+                            return Ok(None);
+                        }
                         if matches!(kind_of(&e), ErrorKind::Transient) {
                             // librdkafka retries by itself; give up at the idle deadline.
                             tracing::debug!(changelog = %self.at.id, error = %e, "kafka fetch error, retrying");
@@ -1398,6 +1490,8 @@ struct PrefetchReader {
     chunk: std::vec::IntoIter<LoggedRecord>,
     end: u64,
     changelog: String,
+    /// The thread ends after an error; later calls must not look like the end.
+    fuse: ReaderFuse,
 }
 
 impl PrefetchReader {
@@ -1435,12 +1529,25 @@ impl PrefetchReader {
             chunk: Vec::new().into_iter(),
             end,
             changelog,
+            fuse: ReaderFuse::default(),
         })
     }
 }
 
 impl ChangelogReader for PrefetchReader {
     fn next_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>> {
+        self.fuse.check()?;
+        let result = self.take_batch(max_records);
+        self.fuse.observe(result)
+    }
+
+    fn end_offset(&self) -> u64 {
+        self.end
+    }
+}
+
+impl PrefetchReader {
+    fn take_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>> {
         let max_records = max_records.max(1);
         if self.chunk.len() == 0 {
             let Some(rx) = self.rx.as_ref() else {
@@ -1470,10 +1577,6 @@ impl ChangelogReader for PrefetchReader {
             return Ok(Some(std::mem::take(&mut self.chunk).collect()));
         }
         Ok(Some(self.chunk.by_ref().take(max_records).collect()))
-    }
-
-    fn end_offset(&self) -> u64 {
-        self.end
     }
 }
 
@@ -1521,7 +1624,10 @@ fn consumer_config(options: &KafkaOptions) -> ClientConfig {
     c.set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
+        // A fetch below the log start (retention or DeleteRecords moved it
+        // past the reader) must be an error: "earliest" would jump over the
+        // deleted records without a word and the replay would look complete.
+        .set("auto.offset.reset", "error")
         .set("isolation.level", "read_uncommitted")
         .set("allow.auto.create.topics", "false");
     if !options.properties.contains_key("group.id") {
@@ -1531,6 +1637,9 @@ fn consumer_config(options: &KafkaOptions) -> ClientConfig {
             format!("statesnap-reader-{}", uuid::Uuid::new_v4()),
         );
     }
+    // Reads go to the partition leader: a follower's high watermark may lag
+    // the leader's, and its partition EOF would end a replay early.
+    c.remove("client.rack");
     if !options.properties.contains_key("fetch.max.bytes") {
         c.set("fetch.max.bytes", "52428800");
     }
@@ -1704,6 +1813,38 @@ fn describe_topic(options: &KafkaOptions, at: &Where) -> Result<(String, i64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// librdkafka's own config errors repeat the offending value; a secret
+    /// must not reach the message, the source chain or `Debug`.
+    #[test]
+    fn client_config_errors_never_show_secret_values() {
+        let id = ChangelogId::new("t-redact", 0).unwrap();
+        for (key, value) in [
+            // Not a librdkafka property (a Java client's), with a password in it.
+            ("sasl.jaas.config", "org.Foo required password=\"hunter7\";"),
+            // A real property set to a value librdkafka rejects.
+            // Secrets librdkafka refuses in a build without OpenSSL.
+            ("ssl.key.password", "hunter8"),
+            ("ssl.key.pem", "-----BEGIN hunter9"),
+        ] {
+            let o = KafkaOptions::new("127.0.0.1:1")
+                .request_timeout(Duration::from_secs(1))
+                .property(key, value);
+            let err = KafkaChangelog::open(id.clone(), o).expect_err("bad config");
+            assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+            for shown in [format!("{err}"), format!("{err:#}"), format!("{err:?}")] {
+                for secret in ["hunter7", "hunter8", "hunter9"] {
+                    assert!(!shown.contains(secret), "{secret} leaked: {shown}");
+                }
+            }
+        }
+        let o = KafkaOptions::new("127.0.0.1:1")
+            .request_timeout(Duration::from_secs(1))
+            .property("sasl.jaas.config", "password=hunter7");
+        let err = KafkaChangelog::open(id, o).expect_err("not a librdkafka property");
+        assert!(err.to_string().contains("sasl.jaas.config"), "{err}");
+        assert!(!format!("{err:#} {err:?}").contains("hunter7"), "{err:?}");
+    }
 
     #[test]
     fn secrets_are_redacted_in_debug_and_errors() {

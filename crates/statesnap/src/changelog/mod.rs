@@ -200,10 +200,54 @@ pub trait ChangelogReader: Send {
     /// The next batch of at most `max_records` records in offset order, or
     /// `None` once the reader has reached [`ChangelogReader::end_offset`].
     /// Offsets may have gaps where compaction removed records.
+    ///
+    /// An error ends the reader: every later call must fail too, never
+    /// return the records after ones the caller did not receive, nor `None`
+    /// as if the end had been reached. To retry, open a new reader after the
+    /// last record applied. The built-in readers do this with
+    /// [`ReaderFuse`].
     fn next_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>>;
 
     /// The end offset (exclusive) this reader stops at.
     fn end_offset(&self) -> u64;
+}
+
+/// Makes a [`ChangelogReader`] fail for good after its first error.
+///
+/// A reader that failed half way through a batch may already have moved past
+/// records it never handed out (the file log's position, a prefetch
+/// thread that has ended); retrying `next_batch` on it could skip them
+/// silently. Call [`ReaderFuse::check`] first in `next_batch` and pass the
+/// result through [`ReaderFuse::observe`].
+#[derive(Debug, Default)]
+pub struct ReaderFuse {
+    failed: Option<(crate::error::ErrorKind, String)>,
+}
+
+impl ReaderFuse {
+    /// An error if the reader has failed before; the same kind as the first
+    /// error, whose message it repeats.
+    pub fn check(&self) -> Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some((kind, message)) => Err(Error::new(
+                *kind,
+                format!(
+                    "this changelog reader failed earlier and cannot go on; open a new reader after the last record applied. first error: {message}"
+                ),
+            )),
+        }
+    }
+
+    /// Remembers `result`'s error, if any, and returns `result`.
+    pub fn observe<T>(&mut self, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result
+            && self.failed.is_none()
+        {
+            self.failed = Some((e.kind(), e.message().to_string()));
+        }
+        result
+    }
 }
 
 /// An offset-addressed log of writes. Implementations must be safe to read
@@ -313,5 +357,33 @@ mod tests {
         assert!(!d.can_resume_after(None));
         assert!(!d.can_resume_after(Some(5)));
         assert!(d.can_resume_after(Some(9)));
+    }
+
+    #[test]
+    fn a_fused_reader_fails_for_good_after_its_first_error() {
+        use crate::error::ErrorKind;
+        let mut fuse = ReaderFuse::default();
+        assert!(fuse.check().is_ok());
+        assert_eq!(fuse.observe(Ok::<_, Error>(7)).unwrap(), 7);
+        assert!(fuse.check().is_ok());
+        let first = fuse
+            .observe(Err::<(), _>(Error::new(
+                ErrorKind::Transient,
+                "broker gone at=`b:9092`",
+            )))
+            .unwrap_err();
+        assert_eq!(first.message(), "broker gone at=`b:9092`");
+        for _ in 0..2 {
+            let again = fuse.check().unwrap_err();
+            assert_eq!(again.kind(), ErrorKind::Transient);
+            assert!(again.message().contains("failed earlier"), "{again}");
+            assert!(
+                again.message().contains("broker gone at=`b:9092`"),
+                "{again}"
+            );
+        }
+        // A later, different error does not replace the first.
+        let _ = fuse.observe(Err::<(), _>(Error::new(ErrorKind::Corrupt, "other")));
+        assert_eq!(fuse.check().unwrap_err().kind(), ErrorKind::Transient);
     }
 }

@@ -71,7 +71,11 @@ impl ReplayReport {
 /// Refuses (kind `stale`) a store that is ahead of its changelog (the log was
 /// recreated or truncated: the store must be rebuilt from scratch) and a store
 /// whose position lies below the changelog's [`Horizon`](crate::changelog::Horizon)
-/// (compaction may have purged deletes it has not seen; invariant 7).
+/// (compaction may have purged deletes it has not seen; invariant 7). The
+/// horizon is checked again once the replay has read to the end: if it moved
+/// past the start meanwhile, the replay fails `stale` — the store has then
+/// applied records after a tombstone that may have been purged under the
+/// reader, so it must be restored again or rebuilt, not used.
 pub fn replay<S, C>(
     store: &mut S,
     changelog: &C,
@@ -150,6 +154,32 @@ where
             applied_offset: last,
             end_offset: end,
         });
+    }
+    // Compaction runs while we read: a tombstone that was young enough when
+    // the replay started may have been purged before the reader reached it.
+    // The horizon only moves forward, so if it still allows resuming from
+    // `from` now, nothing after `from` could have been purged meanwhile.
+    let after = changelog.horizon()?;
+    if !after.can_resume_after(applied) {
+        return Err(Error::stale(format!(
+            "the changelog's horizon passed the replay's start while it ran changelog=`{}` \
+             from_offset={from} tombstones_before={} deleted_before={}; a deleted key may have come \
+             back: do not use this store — restore again (restore_store replaces it) or rebuild it",
+            changelog.id(),
+            after.tombstones_before,
+            after.deleted_before,
+        )));
+    }
+    // The reader read everything below its end. The last offsets may hold
+    // nothing it hands out (lineage markers, records compaction removed);
+    // the store reflects them all the same. Recording that keeps the next
+    // replay, and a snapshot's offset, at the end: a store left two offsets
+    // behind on an idle topic would later look below the tombstone horizon.
+    if let Some(tail) = reader.end_offset().checked_sub(1)
+        && report.applied_offset.is_none_or(|a| a < tail)
+    {
+        store.apply(&[], tail)?;
+        report.applied_offset = Some(tail);
     }
     report.duration = started.elapsed();
     Ok(report)

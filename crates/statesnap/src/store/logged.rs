@@ -25,6 +25,10 @@ pub struct LoggedStore<S, C> {
     pending: BTreeMap<Bytes, Option<Bytes>>,
     /// Set when a batch reached the changelog but not the store.
     behind: bool,
+    /// Set when an append failed: some of its records may be in the
+    /// changelog all the same. The next commit replays them first, so the
+    /// store never applies a later offset without them.
+    unsure: bool,
 }
 
 /// What a [`LoggedStore::commit`] wrote.
@@ -59,6 +63,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             changelog,
             pending: BTreeMap::new(),
             behind: false,
+            unsure: false,
         })
     }
 
@@ -75,6 +80,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
     ) -> Result<ReplayReport> {
         let report = replay(&mut self.store, &self.changelog, options, progress)?;
         self.behind = false;
+        self.unsure = false;
         Ok(report)
     }
 
@@ -126,12 +132,27 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
     ///
     /// If the append fails, nothing is applied and the writes stay pending, so
     /// the commit can be retried (a retry may log some records twice, which is
-    /// harmless: replay is last-write-wins). If the append succeeds but the
-    /// store write fails, the writes are durable in the changelog; the store is
-    /// behind, and every later call fails until [`LoggedStore::catch_up`] has
-    /// run.
+    /// harmless: replay is last-write-wins). A failed append may still have
+    /// written some of its records (Kafka delivers some of a batch, a file
+    /// write is cut short), so the next commit first replays whatever the
+    /// changelog holds beyond the store's applied offset: the store never
+    /// moves past records it did not apply, even if the writes were
+    /// [discarded](LoggedStore::discard) or changed in between. If the append
+    /// succeeds but the store write fails, the writes are durable in the
+    /// changelog; the store is behind, and every later call fails until
+    /// [`LoggedStore::catch_up`] has run.
     pub fn commit(&mut self) -> Result<Option<CommitInfo>> {
         self.check_not_behind()?;
+        if self.unsure {
+            // A replay error leaves `unsure` set; the commit can be retried.
+            replay(
+                &mut self.store,
+                &self.changelog,
+                &ReplayOptions::default(),
+                &mut |_| {},
+            )?;
+            self.unsure = false;
+        }
         if self.pending.is_empty() {
             return Ok(None);
         }
@@ -144,7 +165,13 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             })
             .collect();
         // Invariant 1: the changelog first.
-        let offsets = self.changelog.append(&records)?;
+        let offsets = match self.changelog.append(&records) {
+            Ok(o) => o,
+            Err(e) => {
+                self.unsure = true;
+                return Err(e);
+            }
+        };
         let (Some(&first_offset), Some(&last_offset)) = (offsets.first(), offsets.last()) else {
             return Err(Error::internal(format!(
                 "changelog returned no offsets for a batch changelog=`{}` records={}",
