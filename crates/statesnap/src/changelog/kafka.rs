@@ -131,7 +131,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 mod wire;
 
 use super::{
-    Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, LoggedRecord, ReaderFuse, Record,
+    Changelog, ChangelogId, ChangelogReader, FusedReader, Horizon, Lineage, LoggedRecord, Record,
 };
 use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, ErrorKind, Result};
@@ -1150,7 +1150,7 @@ impl Changelog for KafkaChangelog {
         if reader.consumer.is_none() {
             return Ok(Box::new(reader)); // nothing to read
         }
-        Ok(Box::new(PrefetchReader::start(reader)?))
+        Ok(Box::new(FusedReader::new(PrefetchReader::start(reader)?)))
     }
 
     fn start_offset(&self) -> Result<u64> {
@@ -1265,8 +1265,6 @@ struct KafkaReader {
     keep_markers: bool,
     /// Set by the owner of a prefetching reader to make it return early.
     stop: Option<Arc<AtomicBool>>,
-    /// An error may come after records a read had already moved past.
-    fuse: ReaderFuse,
 }
 
 /// Records a prefetch thread hands over at once (at most).
@@ -1287,7 +1285,6 @@ impl KafkaReader {
             idle_timeout: log.options.request_timeout,
             keep_markers: false,
             stop: None,
-            fuse: ReaderFuse::default(),
         };
         if from >= end {
             return Ok(r);
@@ -1325,16 +1322,6 @@ impl KafkaReader {
     /// Up to `max_records` records, ending early once their keys and values
     /// reach `max_bytes`.
     fn next_raw_bounded(
-        &mut self,
-        max_records: usize,
-        max_bytes: usize,
-    ) -> Result<Option<Vec<RawRecord>>> {
-        self.fuse.check()?;
-        let result = self.read_raw_bounded(max_records, max_bytes);
-        self.fuse.observe(result)
-    }
-
-    fn read_raw_bounded(
         &mut self,
         max_records: usize,
         max_bytes: usize,
@@ -1490,8 +1477,6 @@ struct PrefetchReader {
     chunk: std::vec::IntoIter<LoggedRecord>,
     end: u64,
     changelog: String,
-    /// The thread ends after an error; later calls must not look like the end.
-    fuse: ReaderFuse,
 }
 
 impl PrefetchReader {
@@ -1529,25 +1514,14 @@ impl PrefetchReader {
             chunk: Vec::new().into_iter(),
             end,
             changelog,
-            fuse: ReaderFuse::default(),
         })
     }
 }
 
+/// The thread ends after an error, and later calls must not look like the
+/// end: `read_from` hands this reader out wrapped in a [`FusedReader`].
 impl ChangelogReader for PrefetchReader {
     fn next_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>> {
-        self.fuse.check()?;
-        let result = self.take_batch(max_records);
-        self.fuse.observe(result)
-    }
-
-    fn end_offset(&self) -> u64 {
-        self.end
-    }
-}
-
-impl PrefetchReader {
-    fn take_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>> {
         let max_records = max_records.max(1);
         if self.chunk.len() == 0 {
             let Some(rx) = self.rx.as_ref() else {
@@ -1577,6 +1551,10 @@ impl PrefetchReader {
             return Ok(Some(std::mem::take(&mut self.chunk).collect()));
         }
         Ok(Some(self.chunk.by_ref().take(max_records).collect()))
+    }
+
+    fn end_offset(&self) -> u64 {
+        self.end
     }
 }
 

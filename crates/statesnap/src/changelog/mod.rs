@@ -205,48 +205,58 @@ pub trait ChangelogReader: Send {
     /// return the records after ones the caller did not receive, nor `None`
     /// as if the end had been reached. To retry, open a new reader after the
     /// last record applied. The built-in readers do this with
-    /// [`ReaderFuse`].
+    /// [`FusedReader`].
     fn next_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>>;
 
     /// The end offset (exclusive) this reader stops at.
     fn end_offset(&self) -> u64;
 }
 
-/// Makes a [`ChangelogReader`] fail for good after its first error.
+/// Wraps a [`ChangelogReader`] so that it fails for good after its first
+/// error.
 ///
 /// A reader that failed half way through a batch may already have moved past
 /// records it never handed out (the file log's position, a prefetch
 /// thread that has ended); retrying `next_batch` on it could skip them
-/// silently. Call [`ReaderFuse::check`] first in `next_batch` and pass the
-/// result through [`ReaderFuse::observe`].
-#[derive(Debug, Default)]
-pub struct ReaderFuse {
+/// silently, or see `None` as if the end had been reached. Every later call
+/// on a `FusedReader` fails instead, with the first error's kind and
+/// message. The built-in changelogs return their readers wrapped in it; a
+/// custom [`Changelog`] can do the same.
+#[derive(Debug)]
+pub struct FusedReader<R> {
+    inner: R,
     failed: Option<(crate::error::ErrorKind, String)>,
 }
 
-impl ReaderFuse {
-    /// An error if the reader has failed before; the same kind as the first
-    /// error, whose message it repeats.
-    pub fn check(&self) -> Result<()> {
-        match &self.failed {
-            None => Ok(()),
-            Some((kind, message)) => Err(Error::new(
+impl<R: ChangelogReader> FusedReader<R> {
+    /// Wraps `inner`.
+    pub fn new(inner: R) -> Self {
+        FusedReader {
+            inner,
+            failed: None,
+        }
+    }
+}
+
+impl<R: ChangelogReader> ChangelogReader for FusedReader<R> {
+    fn next_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>> {
+        if let Some((kind, message)) = &self.failed {
+            return Err(Error::new(
                 *kind,
                 format!(
                     "this changelog reader failed earlier and cannot go on; open a new reader after the last record applied. first error: {message}"
                 ),
-            )),
+            ));
         }
-    }
-
-    /// Remembers `result`'s error, if any, and returns `result`.
-    pub fn observe<T>(&mut self, result: Result<T>) -> Result<T> {
-        if let Err(e) = &result
-            && self.failed.is_none()
-        {
+        let result = self.inner.next_batch(max_records);
+        if let Err(e) = &result {
             self.failed = Some((e.kind(), e.message().to_string()));
         }
         result
+    }
+
+    fn end_offset(&self) -> u64 {
+        self.inner.end_offset()
     }
 }
 
@@ -359,22 +369,44 @@ mod tests {
         assert!(d.can_resume_after(Some(9)));
     }
 
+    /// Hands out scripted results, then `None` forever.
+    struct Scripted(std::collections::VecDeque<Result<Option<Vec<LoggedRecord>>>>);
+
+    impl ChangelogReader for Scripted {
+        fn next_batch(&mut self, _max: usize) -> Result<Option<Vec<LoggedRecord>>> {
+            self.0.pop_front().unwrap_or(Ok(None))
+        }
+        fn end_offset(&self) -> u64 {
+            10
+        }
+    }
+
     #[test]
     fn a_fused_reader_fails_for_good_after_its_first_error() {
         use crate::error::ErrorKind;
-        let mut fuse = ReaderFuse::default();
-        assert!(fuse.check().is_ok());
-        assert_eq!(fuse.observe(Ok::<_, Error>(7)).unwrap(), 7);
-        assert!(fuse.check().is_ok());
-        let first = fuse
-            .observe(Err::<(), _>(Error::new(
-                ErrorKind::Transient,
-                "broker gone at=`b:9092`",
-            )))
-            .unwrap_err();
+        let rec = LoggedRecord {
+            offset: 3,
+            timestamp_ms: 0,
+            key: Bytes::from_static(b"k"),
+            value: None,
+        };
+        let mut r = FusedReader::new(Scripted(
+            vec![
+                Ok(Some(vec![rec.clone()])),
+                Err(Error::new(ErrorKind::Transient, "broker gone at=`b:9092`")),
+                Err(Error::new(ErrorKind::Corrupt, "other")),
+                Ok(Some(vec![rec.clone()])),
+            ]
+            .into(),
+        ));
+        assert_eq!(r.end_offset(), 10);
+        assert_eq!(r.next_batch(5).unwrap(), Some(vec![rec]));
+        let first = r.next_batch(5).unwrap_err();
         assert_eq!(first.message(), "broker gone at=`b:9092`");
-        for _ in 0..2 {
-            let again = fuse.check().unwrap_err();
+        // The inner reader would now give another error, then records, then
+        // `None`: the fused one repeats the first error instead.
+        for _ in 0..4 {
+            let again = r.next_batch(5).unwrap_err();
             assert_eq!(again.kind(), ErrorKind::Transient);
             assert!(again.message().contains("failed earlier"), "{again}");
             assert!(
@@ -382,8 +414,5 @@ mod tests {
                 "{again}"
             );
         }
-        // A later, different error does not replace the first.
-        let _ = fuse.observe(Err::<(), _>(Error::new(ErrorKind::Corrupt, "other")));
-        assert_eq!(fuse.check().unwrap_err().kind(), ErrorKind::Transient);
     }
 }

@@ -52,7 +52,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use crate::changelog::{Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, Record};
+use crate::changelog::{
+    Changelog, ChangelogId, ChangelogReader, FusedReader, Horizon, Lineage, Record,
+};
 use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, Result};
 
@@ -854,7 +856,9 @@ impl Changelog for FileChangelog {
         // segment already in the list (segments are added before records).
         let end = self.end.load(Ordering::Acquire);
         let segments = read_shared(&self.shared)?.segments.clone();
-        Ok(Box::new(reader::FileReader::new(segments, from, end)?))
+        Ok(Box::new(FusedReader::new(reader::FileReader::new(
+            segments, from, end,
+        )?)))
     }
 
     fn start_offset(&self) -> Result<u64> {

@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::format::{self, Frame, HEADER_LEN};
 use super::segment::{IndexBuilder, Segment};
-use crate::changelog::{ChangelogReader, LoggedRecord, ReaderFuse};
+use crate::changelog::{ChangelogReader, LoggedRecord};
 use crate::error::{Error, Result};
 
 /// Bytes read from a segment in one system call.
@@ -33,7 +33,6 @@ pub(crate) struct FileReader {
     /// start, installed when the segment has been read to its end.
     building: Option<IndexBuilder>,
     done: bool,
-    fuse: ReaderFuse,
 }
 
 impl std::fmt::Debug for FileReader {
@@ -59,7 +58,6 @@ impl FileReader {
             last_offset: None,
             building: None,
             done: from >= end,
-            fuse: ReaderFuse::default(),
         };
         if r.done || r.segments.is_empty() {
             r.done = true;
@@ -111,21 +109,11 @@ impl FileReader {
     }
 }
 
+/// An error may come after records a call had already moved past: the
+/// changelog hands this reader out wrapped in a
+/// [`FusedReader`](crate::changelog::FusedReader).
 impl ChangelogReader for FileReader {
     fn next_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>> {
-        // An error may come after records this call had already moved past.
-        self.fuse.check()?;
-        let result = self.read_batch(max_records);
-        self.fuse.observe(result)
-    }
-
-    fn end_offset(&self) -> u64 {
-        self.end
-    }
-}
-
-impl FileReader {
-    fn read_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>> {
         let max_records = max_records.max(1);
         let mut out = Vec::new();
         while !self.done && out.len() < max_records {
@@ -199,5 +187,9 @@ impl FileReader {
         } else {
             Ok(Some(out))
         }
+    }
+
+    fn end_offset(&self) -> u64 {
+        self.end
     }
 }
