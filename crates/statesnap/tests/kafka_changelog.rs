@@ -22,7 +22,7 @@ use statesnap::ErrorKind;
 use statesnap::changelog::kafka::{
     KafkaChangelog, KafkaOptions, LineageSource, NonCompactedPolicy,
 };
-use statesnap::changelog::{Changelog, ChangelogId, LoggedRecord, Record};
+use statesnap::changelog::{Changelog, ChangelogId, ChangelogReader, LoggedRecord, Record};
 use statesnap::clock::{ManualClock, SharedClock, system_clock};
 use statesnap::restore::{ReplayOptions, replay};
 use statesnap::store::logged::LoggedStore;
@@ -878,6 +878,26 @@ fn append_numbered(log: &KafkaChangelog, n: u32) -> Vec<Record> {
     all
 }
 
+/// Reads batches of 1 000 into `got` until the reader fails, and returns the
+/// error; a read that ends without one (a short read of the `n`-record log)
+/// fails the test.
+fn read_until_error(
+    r: &mut dyn ChangelogReader,
+    got: &mut Vec<LoggedRecord>,
+    n: u32,
+) -> statesnap::Error {
+    loop {
+        match r.next_batch(1_000) {
+            Ok(Some(b)) => got.extend(b),
+            Ok(None) => panic!(
+                "the read ended without an error after {} of {n} records",
+                got.len()
+            ),
+            Err(e) => return e,
+        }
+    }
+}
+
 /// Replay reads through a prefetch thread that hands over chunks of its own
 /// size: any `max_records` the caller asks for is honoured exactly, several
 /// readers can be open at once, and a reader dropped half-way leaves the next
@@ -976,16 +996,7 @@ fn records_deleted_under_a_reader_fail_it_stale_never_a_short_read() {
     }
     let lo = log.start_offset().unwrap();
     assert!(lo >= 30_000, "the log start did not pass the reader: {lo}");
-    let err = loop {
-        match r.next_batch(1_000) {
-            Ok(Some(b)) => got.extend(b),
-            Ok(None) => panic!(
-                "the read ended without an error after {} of {n} records (log start now {lo})",
-                got.len()
-            ),
-            Err(e) => break e,
-        }
-    };
+    let err = read_until_error(&mut *r, &mut got, n);
     match err.kind() {
         ErrorKind::Stale => {
             assert!(
@@ -1051,16 +1062,7 @@ fn broker_down_mid_read_is_a_transient_error_after_an_exact_prefix() {
     let mut got: Vec<LoggedRecord> = r.next_batch(1_000).unwrap().unwrap();
     idle.next_batch(1).unwrap().unwrap();
     broker.stop();
-    let err = loop {
-        match r.next_batch(1_000) {
-            Ok(Some(b)) => got.extend(b),
-            Ok(None) => panic!(
-                "the read ended without an error after {} of {n} records",
-                got.len()
-            ),
-            Err(e) => break e,
-        }
-    };
+    let err = read_until_error(&mut *r, &mut got, n);
     assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
     assert!(err.to_string().contains(&broker.bootstrap()), "{err}");
     let got = as_records(got);
