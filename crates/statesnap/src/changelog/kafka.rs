@@ -681,6 +681,8 @@ pub struct KafkaChangelog {
     producer: Mutex<ThreadedProducer<Ctx>>,
     /// Metadata, watermark and offset-by-time queries (never polled).
     meta: BaseConsumer<Ctx>,
+    /// Topic config lookups.
+    admin: AdminClient<Ctx>,
     /// `cleanup.policy` and `delete.retention.ms`, as last read (at open and
     /// at every [`Changelog::horizon`]).
     configs: Mutex<(String, i64)>,
@@ -727,6 +729,8 @@ impl KafkaChangelog {
             .create_with_context(ctx(&options))
             .map_err(|e| at.err("consumer creation", e))?;
 
+        // Topic creation, and the config lookups of open and every horizon().
+        let admin = admin_client(&options, &at)?;
         let mut partitions = topic_partitions(&meta, &at, options.request_timeout)?;
         if partitions.is_none() {
             if !options.create_topic {
@@ -736,7 +740,7 @@ impl KafkaChangelog {
                     options.bootstrap_servers
                 )));
             }
-            create_topic(&options, &at)?;
+            create_topic(&admin, &options, &at)?;
             let deadline = Instant::now() + options.request_timeout;
             loop {
                 partitions = topic_partitions(&meta, &at, options.request_timeout)?;
@@ -756,7 +760,7 @@ impl KafkaChangelog {
         }
 
         let mut configs_known = true;
-        let (cleanup_policy, delete_retention_ms) = match describe_topic(&options, &at) {
+        let (cleanup_policy, delete_retention_ms) = match describe_topic(&admin, &options, &at) {
             Ok(c) => c,
             // The broker answered metadata but not DescribeConfigs (some
             // brokers and librdkafka's mock cluster do not implement it).
@@ -788,6 +792,7 @@ impl KafkaChangelog {
             at,
             producer: Mutex::new(producer),
             meta,
+            admin,
             configs: Mutex::new((cleanup_policy, delete_retention_ms)),
             configs_known,
         };
@@ -815,7 +820,7 @@ impl KafkaChangelog {
         if !self.configs_known {
             return Ok(lock(&self.configs).clone());
         }
-        let now = describe_topic(&self.options, &self.at)?;
+        let now = describe_topic(&self.admin, &self.options, &self.at)?;
         *lock(&self.configs) = now.clone();
         Ok(now)
     }
@@ -1721,8 +1726,7 @@ fn topic_partitions(
     }
 }
 
-fn create_topic(options: &KafkaOptions, at: &Where) -> Result<()> {
-    let admin = admin_client(options, at)?;
+fn create_topic(admin: &AdminClient<Ctx>, options: &KafkaOptions, at: &Where) -> Result<()> {
     let mut topic = NewTopic::new(
         &at.id.topic,
         options.partitions,
@@ -1757,8 +1761,11 @@ fn create_topic(options: &KafkaOptions, at: &Where) -> Result<()> {
 }
 
 /// `cleanup.policy` and `delete.retention.ms` of the topic.
-fn describe_topic(options: &KafkaOptions, at: &Where) -> Result<(String, i64)> {
-    let admin = admin_client(options, at)?;
+fn describe_topic(
+    admin: &AdminClient<Ctx>,
+    options: &KafkaOptions,
+    at: &Where,
+) -> Result<(String, i64)> {
     let spec = ResourceSpecifier::Topic(&at.id.topic);
     let results =
         futures::executor::block_on(admin.describe_configs([&spec], &admin_options(options)))
