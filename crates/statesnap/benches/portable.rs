@@ -11,12 +11,14 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use statesnap::changelog::{ChangelogId, Lineage, Record};
+use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
+use statesnap::changelog::{ChangelogId, Record};
 use statesnap::format::portable::PortableFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{Repository, StoreKey};
-use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+use statesnap::snapshot::commit_snapshot;
 use statesnap::store::StateStore;
+use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
 
 const N: u64 = 1_000_000;
@@ -38,25 +40,32 @@ fn value(i: u64, g: u64) -> Bytes {
     Bytes::from(v)
 }
 
-fn build_store() -> MemoryStore {
-    let mut s = MemoryStore::new();
-    let mut batch = Vec::with_capacity(10_000);
-    for i in 0..N {
-        batch.push(Record::put(key(i), value(i, 0)));
-        if batch.len() == 10_000 {
-            s.apply(&batch, i).unwrap();
-            batch.clear();
-        }
-    }
-    s
+/// The bench's changelog: a file log that fsyncs only when a snapshot asks.
+fn open_log(dir: &std::path::Path) -> Arc<FileChangelog> {
+    let opts = FileChangelogOptions {
+        fsync: FsyncPolicy::Never,
+        ..FileChangelogOptions::default()
+    };
+    Arc::new(
+        FileChangelog::open(dir, ChangelogId::for_store("bench", "s", 0).unwrap(), opts).unwrap(),
+    )
 }
 
-fn target() -> SnapshotTarget {
-    SnapshotTarget {
-        store_key: StoreKey::new("bench", "s", 0).unwrap(),
-        changelog: ChangelogId::for_store("bench", "s", 0).unwrap(),
-        lineage: Lineage("bench".into()),
+/// N keys written through the changelog, 10 000 per commit.
+fn build_store(log: &Arc<FileChangelog>) -> MemoryStore {
+    let mut s = LoggedStore::new(MemoryStore::new(), Arc::clone(log)).unwrap();
+    for i in 0..N {
+        s.put(key(i), value(i, 0));
+        if s.pending_len() == 10_000 {
+            s.commit().unwrap();
+        }
     }
+    s.commit().unwrap();
+    s.into_parts().0
+}
+
+fn sk() -> StoreKey {
+    StoreKey::new("bench", "s", 0).unwrap()
 }
 
 fn fresh_repo() -> Repository {
@@ -69,7 +78,9 @@ fn benches(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let store = build_store();
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = open_log(log_dir.path());
+    let store = build_store(&log);
     let logical = store.approximate_size().unwrap().bytes;
     let fmt = PortableFormat::memory();
 
@@ -91,7 +102,7 @@ fn benches(c: &mut Criterion) {
                 fmt.forget_last_cut();
                 let cut = fmt.capture(&store).unwrap();
                 let t = Instant::now();
-                rt.block_on(commit_snapshot(&fmt, cut, &repo, &target(), None))
+                rt.block_on(commit_snapshot(&fmt, cut, &repo, &sk(), &*log, None))
                     .unwrap();
                 total += t.elapsed();
             }
@@ -106,7 +117,8 @@ fn benches(c: &mut Criterion) {
             &fmt,
             fmt.capture(&store).unwrap(),
             &repo,
-            &target(),
+            &sk(),
+            &*log,
             None,
         ))
         .unwrap();
@@ -135,24 +147,24 @@ fn benches(c: &mut Criterion) {
     });
 
     // Bytes uploaded by a delta after 1 % of keys changed at random.
-    let mut changed = store.clone();
+    let mut changed = LoggedStore::new(store.clone(), Arc::clone(&log)).unwrap();
     let mut x = 12345u64;
-    let batch: Vec<Record> = (0..N / 100)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            let i = (x >> 11) % N;
-            Record::put(key(i), value(i, 1))
-        })
-        .collect();
-    changed.apply(&batch, N + 1).unwrap();
+    for _ in 0..N / 100 {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let i = (x >> 11) % N;
+        changed.put(key(i), value(i, 1));
+    }
+    changed.commit().unwrap();
+    let changed = changed.into_parts().0;
     let delta = rt
         .block_on(commit_snapshot(
             &fmt,
             fmt.capture(&changed).unwrap(),
             &repo,
-            &target(),
+            &sk(),
+            &*log,
             Some(&full),
         ))
         .unwrap();
@@ -201,8 +213,9 @@ fn benches(c: &mut Criterion) {
         let cut = f.capture(&s).unwrap();
         let repo = fresh_repo();
         let f2 = Arc::clone(&f);
+        let log2 = Arc::clone(&log);
         let snap = rt.spawn(async move {
-            commit_snapshot(&*f2, cut, &repo, &target(), None)
+            commit_snapshot(&*f2, cut, &repo, &sk(), &*log2, None)
                 .await
                 .unwrap()
         });

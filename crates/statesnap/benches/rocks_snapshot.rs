@@ -20,15 +20,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use rocksdb::backup::{BackupEngine, BackupEngineOptions, RestoreOptions as BeRestoreOptions};
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
-use statesnap::changelog::{Changelog, ChangelogId, Lineage, Record};
+use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
 use statesnap::format::rocks::RocksFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{Manifest, Repository, RepositoryOptions, StoreKey};
 use statesnap::restore::{RestoreOptions, restore_store};
-use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
-use statesnap::store::StateStore;
+use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
+use statesnap::store::{StateStore, ensure_follows};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -97,12 +97,24 @@ fn sk(name: &str) -> StoreKey {
     StoreKey::new("bench", name, 0).unwrap()
 }
 
-fn target(name: &str, lineage: &Lineage) -> SnapshotTarget {
-    SnapshotTarget {
-        store_key: sk(name),
-        changelog: ChangelogId::for_store("bench", name, 0).unwrap(),
-        lineage: lineage.clone(),
-    }
+/// A file changelog that fsyncs only when asked (a snapshot asks).
+fn bench_log(dir: &Path, name: &str) -> FileChangelog {
+    FileChangelog::open(
+        dir,
+        ChangelogId::for_store("bench", name, 0).unwrap(),
+        FileChangelogOptions {
+            fsync: FsyncPolicy::Never,
+            ..FileChangelogOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Logs `batch`, then applies it to `store` at its last offset (the
+/// LoggedStore path without its per-key pending map, for bulk loading).
+fn log_and_apply(log: &FileChangelog, store: &mut RocksStore, batch: &[Record]) {
+    let offsets = log.append(batch).unwrap();
+    store.apply(batch, *offsets.last().unwrap()).unwrap();
 }
 
 fn bench_options() -> RocksOptions {
@@ -118,17 +130,20 @@ async fn snap(
     format: &RocksFormat,
     store: &RocksStore,
     repo: &Repository,
-    t: &SnapshotTarget,
+    name: &str,
+    log: &FileChangelog,
     parent: Option<&Manifest>,
 ) -> (Manifest, Duration) {
     let started = Instant::now();
     let cut = format.capture(store).unwrap();
     let captured = started.elapsed();
-    let m = commit_snapshot(format, cut, repo, t, parent).await.unwrap();
+    let m = commit_snapshot(format, cut, repo, &sk(name), log, parent)
+        .await
+        .unwrap();
     let total = started.elapsed();
     println!(
         "  snapshot {}: capture {:.3}s, write+commit {:.3}s, {} files, {:.1} MB uploaded, {:.1} MB reused",
-        t.store_key,
+        sk(name),
         secs(captured),
         secs(total - captured),
         m.files.len(),
@@ -166,23 +181,22 @@ fn main() {
     let opts = bench_options();
     let format = RocksFormat::new(opts.clone());
     let mut store = RocksStore::open(dir.join("db"), &opts).unwrap();
+    let main_log = bench_log(&dir.join("log-main"), "main");
+    ensure_follows(&mut store, &ChangelogBinding::of(&main_log).unwrap()).unwrap();
     let ((), load) = timed(|| {
         let mut batch = Vec::with_capacity(1000);
-        let mut off = 0;
         for i in 0..keys {
             batch.push(Record::put(key(i), value(i)));
             if batch.len() == 1000 {
-                store.apply(&batch, off).unwrap();
-                off += 1;
+                log_and_apply(&main_log, &mut store, &batch);
                 batch.clear();
             }
         }
         if !batch.is_empty() {
-            store.apply(&batch, off).unwrap();
+            log_and_apply(&main_log, &mut store, &batch);
         }
         store.flush().unwrap();
     });
-    let mut next_off = store.applied_offset().unwrap().unwrap() + 1;
     let db_bytes = du(&dir.join("db"));
     println!(
         "loaded {keys} keys x 100 B in {:.1}s; store {:.1} MB on disk",
@@ -197,11 +211,9 @@ fn main() {
             RepositoryOptions::default(),
         ))
         .unwrap();
-    let lineage = Lineage("bench".into());
-    let t = target("main", &lineage);
 
     // ---------------------------------------------------------- full snapshot
-    let (full, ours_full) = rt.block_on(snap(&format, &store, &repo, &t, None));
+    let (full, ours_full) = rt.block_on(snap(&format, &store, &repo, "main", &main_log, None));
     let be_dir = dir.join("backup");
     let mut be = BackupEngine::open(
         &BackupEngineOptions::new(&be_dir).unwrap(),
@@ -232,16 +244,15 @@ fn main() {
         let i = j.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys;
         batch.push(Record::put(key(i), value(i ^ 0xdead_beef)));
         if batch.len() == 1000 {
-            store.apply(&batch, next_off).unwrap();
-            next_off += 1;
+            log_and_apply(&main_log, &mut store, &batch);
             batch.clear();
         }
     }
     if !batch.is_empty() {
-        store.apply(&batch, next_off).unwrap();
+        log_and_apply(&main_log, &mut store, &batch);
     }
     store.flush().unwrap();
-    let (inc, ours_inc) = rt.block_on(snap(&format, &store, &repo, &t, Some(&full)));
+    let (inc, ours_inc) = rt.block_on(snap(&format, &store, &repo, "main", &main_log, Some(&full)));
     let ((), be_inc) = timed(|| be.create_new_backup_flush(store.db(), true).unwrap());
     let be_inc_bytes = du(&be_dir) - be_full_bytes;
     rows.push(Row {
@@ -395,16 +406,7 @@ fn main() {
     for updates in cases {
         let name = format!("replay-u{updates}");
         let cdir = dir.join(&name);
-        let log = FileChangelog::open(
-            cdir.join("log"),
-            ChangelogId::for_store("bench", &name, 0).unwrap(),
-            FileChangelogOptions {
-                fsync: FsyncPolicy::Never,
-                ..FileChangelogOptions::default()
-            },
-        )
-        .unwrap();
-        let lin = log.lineage().unwrap();
+        let log = bench_log(&cdir.join("log"), &name);
         let st = RocksStore::open(cdir.join("db"), &opts).unwrap();
         let mut ls = LoggedStore::new(st, log).unwrap();
         let ((), build) = timed(|| {
@@ -420,8 +422,7 @@ fn main() {
             ls.changelog().flush().unwrap();
         });
         let (st, log) = ls.into_parts();
-        let t = target(&name, &lin);
-        let (m, _) = rt.block_on(snap(&format, &st, &repo, &t, None));
+        let (m, _) = rt.block_on(snap(&format, &st, &repo, &name, &log, None));
         drop(st);
         let records = log.end_offset().unwrap();
         let (r, snap_restore) = timed(|| {

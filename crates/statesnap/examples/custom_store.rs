@@ -17,17 +17,22 @@ use std::io::Write;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
-use statesnap::changelog::{ChangelogId, Lineage, Record};
+use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+use statesnap::changelog::{ChangelogBinding, ChangelogId, Record};
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
 use statesnap::format::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
 use statesnap::repo::{
     BlobRef, Manifest, Repository, SnapshotStats, SnapshotWriter, StoreFormatId, StoreKey,
 };
-use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+use statesnap::snapshot::commit_snapshot;
+use statesnap::store::logged::LoggedStore;
 use statesnap::store::{KvIter, SizeEstimate, StateStore, StateStoreExt, in_bounds};
 use statesnap::{Error, ErrorKind, Result};
 
 const DATA: &str = "data.log";
+/// Which changelog the store follows, written (atomically) before the first
+/// batch and never changed.
+const BINDING: &str = "binding.json";
 const PUT: u8 = 1;
 const DELETE: u8 = 0;
 const COMMIT: u8 = 2;
@@ -42,6 +47,7 @@ struct LogFileStore {
     len: u64,
     index: BTreeMap<Bytes, Bytes>,
     applied: Option<u64>,
+    binding: Option<ChangelogBinding>,
 }
 
 fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -70,12 +76,21 @@ impl LogFileStore {
         // Drop a torn tail so the next append starts at a batch boundary.
         file.set_len(committed_len)
             .map_err(|e| io("truncate store file", &path, e))?;
+        let binding_path = dir.join(BINDING);
+        let binding = match std::fs::read(&binding_path) {
+            Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| {
+                Error::new(ErrorKind::Corrupt, "unreadable store binding").with_source(e)
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io("read store binding", &binding_path, e)),
+        };
         Ok(LogFileStore {
             path,
             file,
             len: committed_len,
             index,
             applied,
+            binding,
         })
     }
 }
@@ -186,6 +201,32 @@ impl StateStore for LogFileStore {
             bytes: self.len,
         })
     }
+
+    fn binding(&self) -> Result<Option<ChangelogBinding>> {
+        Ok(self.binding.clone())
+    }
+
+    fn bind(&mut self, binding: &ChangelogBinding) -> Result<()> {
+        if !statesnap::store::check_rebind(self.binding.as_ref(), binding)? {
+            return Ok(());
+        }
+        // Durable before the first batch: write aside, fsync, rename.
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let tmp = dir.join(format!("{BINDING}.tmp"));
+        let json = serde_json::to_vec(binding)
+            .map_err(|e| Error::new(ErrorKind::Internal, "encode binding").with_source(e))?;
+        let mut f = File::create(&tmp).map_err(|e| io("create store binding", &tmp, e))?;
+        f.write_all(&json)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| io("write store binding", &tmp, e))?;
+        std::fs::rename(&tmp, dir.join(BINDING))
+            .map_err(|e| io("rename store binding", &tmp, e))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io("sync store directory", dir, e))?;
+        self.binding = Some(binding.clone());
+        Ok(())
+    }
 }
 
 /// The generic portable format, for free.
@@ -206,6 +247,7 @@ struct LogFileCut {
     path: PathBuf,
     len: u64,
     offset: Option<u64>,
+    binding: Option<ChangelogBinding>,
     keys: u64,
 }
 
@@ -225,12 +267,17 @@ impl StoreFormat for LogFileFormat {
             path: store.path.clone(),
             len: store.len,
             offset: store.applied,
+            binding: store.binding.clone(),
             keys: store.index.len() as u64,
         })
     }
 
     fn cut_offset(&self, cut: &LogFileCut) -> Option<u64> {
         cut.offset
+    }
+
+    fn cut_binding(&self, cut: &LogFileCut) -> Option<ChangelogBinding> {
+        cut.binding.clone()
     }
 
     async fn write(&self, cut: LogFileCut, ctx: WriteContext<'_>) -> Result<FormatOutput> {
@@ -293,42 +340,46 @@ async fn main() -> Result<()> {
     let tmp = tempfile::tempdir().map_err(|e| io("create temp dir", Path::new("/tmp"), e))?;
     let repo_url = format!("file://{}", tmp.path().join("repo").display());
     let repo = Repository::init(&repo_url, Default::default()).await?;
-    let target = SnapshotTarget {
-        store_key: StoreKey::new("example", "logfile", 0)?,
-        changelog: ChangelogId::for_store("example", "logfile", 0)?,
-        lineage: Lineage("example-lineage".into()),
-    };
+    let store_key = StoreKey::new("example", "logfile", 0)?;
+    let changelog = FileChangelog::open(
+        tmp.path().join("changelog"),
+        ChangelogId::for_store("example", "logfile", 0)?,
+        FileChangelogOptions::default(),
+    )?;
 
-    // Fill the store (offsets would come from the changelog; here we count).
-    let mut store = LogFileStore::open(&tmp.path().join("store"))?;
-    let mut offset = 0;
+    // Fill the store through its changelog: every batch is logged first,
+    // then applied with its offset (and the store is bound to the log).
+    let mut logged = LoggedStore::new(LogFileStore::open(&tmp.path().join("store"))?, changelog)?;
     for batch in 0..10u32 {
-        let recs: Vec<Record> = (0..1000u32)
-            .map(|i| {
-                Record::put(
-                    format!("user:{:06}", batch * 1000 + i),
-                    format!("visits={}", i % 17),
-                )
-            })
-            .chain([Record::delete(format!("user:{:06}", batch * 10))])
-            .collect();
-        offset += recs.len() as u64;
-        store.apply(&recs, offset - 1)?;
+        for i in 0..1000u32 {
+            logged.put(
+                format!("user:{:06}", batch * 1000 + i),
+                format!("visits={}", i % 17),
+            );
+        }
+        logged.delete(format!("user:{:06}", batch * 10));
+        logged.commit()?;
     }
     println!(
         "store: {} keys at offset {:?}, {} bytes on disk",
-        store.index.len(),
-        store.applied,
-        store.len
+        logged.store().index.len(),
+        logged.store().applied,
+        logged.store().len
     );
 
     // 1. Its own format: O(1) capture, then writes continue while uploading.
-    let cut = LogFileFormat.capture(&store)?;
-    store.apply(
-        &[Record::put("user:999999", "written after the cut")],
-        offset,
-    )?;
-    let m = commit_snapshot(&LogFileFormat, cut, &repo, &target, None).await?;
+    let cut = LogFileFormat.capture(logged.store())?;
+    logged.put("user:999999", "written after the cut");
+    logged.commit()?;
+    let m = commit_snapshot(
+        &LogFileFormat,
+        cut,
+        &repo,
+        &store_key,
+        logged.changelog(),
+        None,
+    )
+    .await?;
     println!(
         "own format: snapshot {} at offset {} ({} file, {} bytes uploaded)",
         m.snapshot_id,
@@ -359,7 +410,16 @@ async fn main() -> Result<()> {
 
     // 2. The portable format, for free, restoring into another store type.
     let portable = PortableFormat::new(|dir: &Path| LogFileStore::open(dir));
-    let pm = commit_snapshot(&portable, portable.capture(&store)?, &repo, &target, None).await?;
+    let (store, changelog) = logged.into_parts();
+    let pm = commit_snapshot(
+        &portable,
+        portable.capture(&store)?,
+        &repo,
+        &store_key,
+        &changelog,
+        None,
+    )
+    .await?;
     println!(
         "portable: snapshot {} at offset {} ({} chunk(s), {} bytes uploaded)",
         pm.snapshot_id,

@@ -17,19 +17,19 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> statesnap::Result<()> {
 //! use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-//! use statesnap::changelog::{Changelog, ChangelogId};
+//! use statesnap::changelog::ChangelogId;
 //! use statesnap::format::StoreFormat;
 //! use statesnap::format::portable::PortableFormat;
 //! use statesnap::repo::{Repository, StoreKey};
 //! use statesnap::restore::{RestoreOptions, restore_store};
-//! use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+//! use statesnap::snapshot::commit_snapshot;
 //! use statesnap::store::logged::LoggedStore;
 //! use statesnap::store::memory::MemoryStore;
 //! use statesnap::store::{StateStore, StateStoreExt};
 //!
 //! let dir = tempfile::tempdir().expect("tempdir");
 //! let id = ChangelogId::for_store("shop", "carts", 0)?; // topic shop-carts-changelog
-//! let log = FileChangelog::open(dir.path().join("log"), id.clone(), FileChangelogOptions::default())?;
+//! let log = FileChangelog::open(dir.path().join("log"), id, FileChangelogOptions::default())?;
 //!
 //! // Write through the logged store: read-your-writes, then commit.
 //! let mut carts = LoggedStore::new(MemoryStore::new(), log)?;
@@ -42,13 +42,9 @@
 //! let url = format!("file://{}", dir.path().join("repo").display());
 //! let repo = Repository::init(&url, Default::default()).await?;
 //! let format = PortableFormat::memory();
-//! let target = SnapshotTarget {
-//!     store_key: StoreKey::new("shop", "carts", 0)?,
-//!     changelog: id,
-//!     lineage: carts.changelog().lineage()?,
-//! };
+//! let store_key = StoreKey::new("shop", "carts", 0)?;
 //! let cut = format.capture(carts.store())?;
-//! let manifest = commit_snapshot(&format, cut, &repo, &target, None).await?;
+//! let manifest = commit_snapshot(&format, cut, &repo, &store_key, carts.changelog(), None).await?;
 //!
 //! // More writes after the snapshot land only in the changelog tail.
 //! carts.delete("cart-2");
@@ -57,7 +53,7 @@
 //!
 //! // Restore = newest usable snapshot + replay of the tail.
 //! let (store, report) = restore_store(
-//!     &format, &repo, &target.store_key, &log, &dir.path().join("restored"), &RestoreOptions::default(),
+//!     &format, &repo, &store_key, &log, &dir.path().join("restored"), &RestoreOptions::default(),
 //! ).await?;
 //! assert_eq!(report.snapshot, Some(manifest.snapshot_id));
 //! assert_eq!(report.replay.records, 1);

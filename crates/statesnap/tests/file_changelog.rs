@@ -941,6 +941,11 @@ fn a_horizon_that_passes_a_running_replay_fails_it_stale() {
     // The store has the first ten records; the changelog then deletes one of
     // them and goes on.
     let mut store = MemoryStore::new();
+    statesnap::store::ensure_follows(
+        &mut store,
+        &statesnap::changelog::ChangelogBinding::of(&log).unwrap(),
+    )
+    .unwrap();
     let first: Vec<Record> = (0..10).map(rec).collect();
     store.apply(&first, 9).unwrap();
     log.append(&[Record::delete(rec(3).key)]).unwrap(); // offset 10

@@ -22,7 +22,7 @@ use statesnap::format::portable::chunk::{ChunkBuilder, HEADER_LEN, ZSTD_LEVEL, d
 use statesnap::format::portable::{PortableFormat, chunk_path};
 use statesnap::repo::{ChangelogPosition, ManifestDraft, Repository, SnapshotWriter, StoreKey};
 use statesnap::restore::{RestoreOptions, restore_store};
-use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+use statesnap::snapshot::commit_snapshot;
 use statesnap::store::StateStoreExt;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
@@ -272,17 +272,19 @@ async fn restore_falls_back_past_an_undecodable_chunk() {
     let mut ls = LoggedStore::new(MemoryStore::new(), log).unwrap();
     let repo = Repository::from_store(Arc::new(InMemory::new()), "").unwrap();
     let sk = StoreKey::new("app", "s", 0).unwrap();
-    let target = SnapshotTarget {
-        store_key: sk.clone(),
-        changelog: id.clone(),
-        lineage: ls.changelog().lineage().unwrap(),
-    };
     let fmt = PortableFormat::memory();
     ls.put("a", "1");
     ls.commit().unwrap();
-    let good = commit_snapshot(&fmt, fmt.capture(ls.store()).unwrap(), &repo, &target, None)
-        .await
-        .unwrap();
+    let good = commit_snapshot(
+        &fmt,
+        fmt.capture(ls.store()).unwrap(),
+        &repo,
+        &sk,
+        ls.changelog(),
+        None,
+    )
+    .await
+    .unwrap();
     ls.put("b", "2");
     ls.commit().unwrap();
     // A newer "snapshot" whose one chunk has a bad payload checksum.
@@ -297,7 +299,7 @@ async fn restore_falls_back_past_an_undecodable_chunk() {
             topic: id.topic.clone(),
             partition: 0,
             offset: ls.store().applied_offset_value(),
-            lineage: target.lineage.clone(),
+            lineage: ls.changelog().lineage().unwrap(),
         },
         store_format: fmt.id(),
         parent: Some(good.snapshot_id),

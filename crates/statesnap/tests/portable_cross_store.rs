@@ -14,12 +14,12 @@ use std::sync::Arc;
 
 use statesnap::Result;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogId, Record};
+use statesnap::changelog::{ChangelogBinding, ChangelogId, Record};
 use statesnap::format::StoreFormat;
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
 use statesnap::repo::{Repository, StoreKey};
 use statesnap::restore::{RestoreOptions, restore_store};
-use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
 use statesnap::store::{KvIter, SizeEstimate, StateStore, StateStoreExt, in_bounds};
@@ -30,6 +30,7 @@ use statesnap::store::{KvIter, SizeEstimate, StateStore, StateStoreExt, in_bound
 struct TreeStore {
     map: BTreeMap<Bytes, Bytes>,
     applied: Option<u64>,
+    binding: Option<ChangelogBinding>,
 }
 
 impl StateStore for TreeStore {
@@ -69,6 +70,15 @@ impl StateStore for TreeStore {
                 .sum(),
         })
     }
+    fn binding(&self) -> Result<Option<ChangelogBinding>> {
+        Ok(self.binding.clone())
+    }
+    fn bind(&mut self, binding: &ChangelogBinding) -> Result<()> {
+        if statesnap::store::check_rebind(self.binding.as_ref(), binding)? {
+            self.binding = Some(binding.clone());
+        }
+        Ok(())
+    }
 }
 
 impl PortableSource for TreeStore {
@@ -104,14 +114,16 @@ where
     ls.commit().unwrap();
     let repo = Repository::from_store(Arc::new(InMemory::new()), "").unwrap();
     let sk = StoreKey::new("x", "s", 0).unwrap();
-    let target = SnapshotTarget {
-        store_key: sk.clone(),
-        changelog: id,
-        lineage: ls.changelog().lineage().unwrap(),
-    };
-    let m = commit_snapshot(fa, fa.capture(ls.store()).unwrap(), &repo, &target, None)
-        .await
-        .unwrap();
+    let m = commit_snapshot(
+        fa,
+        fa.capture(ls.store()).unwrap(),
+        &repo,
+        &sk,
+        ls.changelog(),
+        None,
+    )
+    .await
+    .unwrap();
     // The tail: replayed after the snapshot.
     ls.put("k00001", "tail");
     ls.delete("k00010");
@@ -233,9 +245,8 @@ mod rocks {
                 write(&mut ls, &before);
                 let repo = Repository::from_store(Arc::new(InMemory::new()), "").unwrap();
                 let sk = StoreKey::new("m", "s", 0).unwrap();
-                let target = SnapshotTarget { store_key: sk.clone(), changelog: id, lineage: ls.changelog().lineage().unwrap() };
                 let f = rocks_format();
-                commit_snapshot(&f, f.capture(ls.store()).unwrap(), &repo, &target, None).await.unwrap();
+                commit_snapshot(&f, f.capture(ls.store()).unwrap(), &repo, &sk, ls.changelog(), None).await.unwrap();
                 write(&mut ls, &after);
                 let (restored, _) = restore_store(&f, &repo, &sk, ls.changelog(), &dir.path().join("dst"), &RestoreOptions::default()).await.unwrap();
                 assert_eq!(contents(&restored), model);

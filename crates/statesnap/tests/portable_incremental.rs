@@ -10,14 +10,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use statesnap::changelog::{ChangelogId, Lineage, Record};
+use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
 use statesnap::format::portable::chunk::{ChunkParams, decode_chunk};
 use statesnap::format::portable::{DeltaPolicy, LayerKind, PortableFormat, PortableMetadata};
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{BlobRef, GcOptions, Manifest, Repository, RetentionPolicy, StoreKey};
-use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+use statesnap::snapshot::commit_snapshot;
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::{StateStore, StateStoreExt};
+use statesnap::store::{StateStore, StateStoreExt, ensure_follows};
 
 fn key(i: u64) -> Bytes {
     Bytes::from(format!("user:{i:010}"))
@@ -52,27 +53,36 @@ impl Rng {
 
 struct Env {
     repo: Repository,
-    target: SnapshotTarget,
-    offset: u64,
+    store_key: StoreKey,
+    log: FileChangelog,
+    _dir: tempfile::TempDir,
 }
 
 impl Env {
     fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let log = FileChangelog::open(
+            dir.path(),
+            ChangelogId::for_store("app", "store", 0).unwrap(),
+            FileChangelogOptions::default(),
+        )
+        .unwrap();
         Env {
             repo: Repository::from_store(Arc::new(InMemory::new()), "").unwrap(),
-            target: SnapshotTarget {
-                store_key: StoreKey::new("app", "store", 0).unwrap(),
-                changelog: ChangelogId::for_store("app", "store", 0).unwrap(),
-                lineage: Lineage("test-lineage".into()),
-            },
-            offset: 0,
+            store_key: StoreKey::new("app", "store", 0).unwrap(),
+            log,
+            _dir: dir,
         }
     }
 
-    /// Applies `batch` at the next offset.
+    /// Logs `batch` and applies it at its last offset (an empty batch: a
+    /// marker record, so the offset still moves).
     fn apply(&mut self, store: &mut MemoryStore, batch: &[Record]) {
-        self.offset += batch.len().max(1) as u64;
-        store.apply(batch, self.offset).unwrap();
+        ensure_follows(store, &ChangelogBinding::of(&self.log).unwrap()).unwrap();
+        let marker = [Record::delete("\u{0}marker")];
+        let logged: &[Record] = if batch.is_empty() { &marker } else { batch };
+        let offsets = self.log.append(logged).unwrap();
+        store.apply(batch, *offsets.last().unwrap()).unwrap();
     }
 
     async fn snapshot(
@@ -82,7 +92,7 @@ impl Env {
         parent: Option<&Manifest>,
     ) -> Manifest {
         let cut = fmt.capture(store).unwrap();
-        commit_snapshot(fmt, cut, &self.repo, &self.target, parent)
+        commit_snapshot(fmt, cut, &self.repo, &self.store_key, &self.log, parent)
             .await
             .unwrap()
     }
@@ -360,15 +370,9 @@ async fn gc_keeps_every_snapshot_a_kept_delta_needs() {
         .repo
         .clone()
         .with_max_commit_duration(Duration::from_millis(20));
-    let r1 = gc_repo
-        .gc_store(&env.target.store_key, &opts)
-        .await
-        .unwrap();
+    let r1 = gc_repo.gc_store(&env.store_key, &opts).await.unwrap();
     tokio::time::sleep(Duration::from_millis(120)).await;
-    let r2 = gc_repo
-        .gc_store(&env.target.store_key, &opts)
-        .await
-        .unwrap();
+    let r2 = gc_repo.gc_store(&env.store_key, &opts).await.unwrap();
 
     let mut dropped: Vec<_> = r1.manifests_deleted.iter().map(|(id, _)| *id).collect();
     dropped.sort();
@@ -376,11 +380,7 @@ async fn gc_keeps_every_snapshot_a_kept_delta_needs() {
     want_dropped.sort();
     assert_eq!(dropped, want_dropped, "only the old chain is dropped");
     assert!(r2.bytes_deleted > 0, "the old chain's own blobs are swept");
-    let listing = env
-        .repo
-        .list_snapshots(&env.target.store_key)
-        .await
-        .unwrap();
+    let listing = env.repo.list_snapshots(&env.store_key).await.unwrap();
     let kept: BTreeSet<_> = listing.snapshots.iter().map(|s| s.id()).collect();
     assert_eq!(
         kept,

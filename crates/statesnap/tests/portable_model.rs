@@ -10,14 +10,14 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use statesnap::changelog::ChangelogId;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogId};
 use statesnap::format::StoreFormat;
 use statesnap::format::portable::chunk::ChunkParams;
 use statesnap::format::portable::{DeltaPolicy, LayerKind, PortableFormat, PortableMetadata};
 use statesnap::repo::{Manifest, Repository, StoreKey};
 use statesnap::restore::{RestoreOptions, restore_store};
-use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
 use statesnap::store::{StateStore, StateStoreExt};
@@ -99,11 +99,6 @@ async fn run(ops: Vec<Op>) {
     let mut ls = LoggedStore::new(MemoryStore::new(), log).unwrap();
     let repo = Repository::from_store(Arc::new(InMemory::new()), "").unwrap();
     let sk = StoreKey::new("model", "store", 0).unwrap();
-    let target = SnapshotTarget {
-        store_key: sk.clone(),
-        changelog: id,
-        lineage: ls.changelog().lineage().unwrap(),
-    };
     let fmt = format();
     let mut committed = BTreeMap::new();
     let mut pending = BTreeMap::new();
@@ -131,7 +126,7 @@ async fn run(ops: Vec<Op>) {
                     fmt.forget_last_cut();
                 }
                 let cut = fmt.capture(ls.store()).unwrap();
-                let m = commit_snapshot(&fmt, cut, &repo, &target, latest.as_ref())
+                let m = commit_snapshot(&fmt, cut, &repo, &sk, ls.changelog(), latest.as_ref())
                     .await
                     .unwrap();
                 let meta = PortableMetadata::of(&m).unwrap();

@@ -18,11 +18,12 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use statesnap::Result;
-use statesnap::changelog::{ChangelogId, Lineage, Record};
+use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{Repository, RepositoryOptions, StoreKey};
-use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+use statesnap::snapshot::commit_snapshot;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
 use statesnap::store::{KvIter, SizeEstimate, StateStore, StateStoreExt};
 
@@ -121,6 +122,12 @@ impl StateStore for Aborting {
     }
     fn approximate_size(&self) -> Result<SizeEstimate> {
         self.inner.approximate_size()
+    }
+    fn binding(&self) -> Result<Option<ChangelogBinding>> {
+        self.inner.binding()
+    }
+    fn bind(&mut self, binding: &ChangelogBinding) -> Result<()> {
+        self.inner.bind(binding)
     }
 }
 
@@ -250,13 +257,21 @@ fn crash_mid_portable_restore_never_leaves_a_partial_store() {
             .await
             .unwrap();
         let f = PortableFormat::new(|p: &Path| RocksStore::open(p, &RocksOptions::default()));
-        let s = RocksStore::open(&source, &RocksOptions::default()).unwrap();
-        let target = SnapshotTarget {
-            store_key: sk(),
-            changelog: ChangelogId::for_store("crash", "restore", 0).unwrap(),
-            lineage: Lineage("test-lineage".to_owned()),
-        };
-        commit_snapshot(&f, f.capture(&s).unwrap(), &repo, &target, None)
+        // A changelog that reaches the snapshot's offset (its records are
+        // markers: the test restores the snapshot alone, never the tail).
+        let log = FileChangelog::open(
+            dir.join("log"),
+            ChangelogId::for_store("crash", "restore", 0).unwrap(),
+            FileChangelogOptions::default(),
+        )
+        .unwrap();
+        let markers: Vec<Record> = (0..=SNAPSHOT_OFFSET)
+            .map(|_| Record::delete("marker"))
+            .collect();
+        log.append(&markers).unwrap();
+        let mut s = RocksStore::open(&source, &RocksOptions::default()).unwrap();
+        s.bind(&ChangelogBinding::of(&log).unwrap()).unwrap();
+        commit_snapshot(&f, f.capture(&s).unwrap(), &repo, &sk(), &log, None)
             .await
             .unwrap();
     });

@@ -11,7 +11,7 @@ use statesnap::ErrorKind;
 use statesnap::clock::{Clock, ManualClock, SystemClock};
 use statesnap::conformance::repo::draft;
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
-use statesnap::repo::retention::{self, KeepReason, RetentionPolicy};
+use statesnap::repo::retention::{self, DropReason, KeepReason, RetentionPolicy};
 use statesnap::repo::{
     BlobRef, GcOptions, Manifest, Repository, SnapshotId, SnapshotInfo, SnapshotWriter, StoreKey,
 };
@@ -246,6 +246,66 @@ fn info(offset: u64, id_ms: u64, created_at: i64, depends_on: Vec<SnapshotId>) -
 
 fn id(ms: u64) -> SnapshotId {
     SnapshotId::from_parts(ms, 0)
+}
+
+fn info_in(lineage: &str, offset: u64, id_ms: u64, created_at: i64) -> SnapshotInfo {
+    let mut d = draft(&sk(), offset, vec![]);
+    d.changelog.lineage = statesnap::changelog::Lineage(lineage.to_string());
+    let manifest = Manifest::from_draft(d, SnapshotId::from_parts(id_ms, 0), created_at).unwrap();
+    SnapshotInfo {
+        key: manifest.key().to_string(),
+        manifest,
+    }
+}
+
+/// Defect 3: after the changelog was recreated, the dead incarnation's
+/// snapshots sit at higher offsets; retention used to keep them as "newest"
+/// and delete the live lineage's only usable snapshot.
+#[test]
+fn retention_decides_per_lineage() {
+    let now = 100_000_000;
+    let min = 60_000;
+    let snaps = vec![
+        info_in("old", 900, 1, now - 60 * min),
+        info_in("old", 1000, 2, now - 50 * min),
+        info_in("new", 5, 3, now - 20 * min),
+        info_in("new", 10, 4, now - 10 * min),
+    ];
+    let keep_one = RetentionPolicy {
+        keep_last: Some(1),
+        keep_newer_than: None,
+    };
+    for p in [
+        retention::plan(&snaps, &keep_one, now),
+        retention::plan_for_lineage(
+            &snaps,
+            &keep_one,
+            now,
+            Some(&statesnap::changelog::Lineage("new".into())),
+        ),
+    ] {
+        assert_eq!(p.keep, vec![(id(4), KeepReason::Newest)]);
+        assert_eq!(
+            p.drop,
+            vec![
+                (id(2), DropReason::DeadLineage),
+                (id(1), DropReason::DeadLineage),
+                (id(3), DropReason::Expired),
+            ]
+        );
+    }
+    // A dead lineage's snapshots expire by age alone.
+    let p = retention::plan(
+        &snaps,
+        &RetentionPolicy {
+            keep_last: Some(1),
+            keep_newer_than: Some(Duration::from_secs(55 * 60)),
+        },
+        now,
+    );
+    assert!(p.keep.contains(&(id(2), KeepReason::NewerThan)), "{p:?}");
+    assert!(p.keep.contains(&(id(3), KeepReason::NewerThan)), "{p:?}");
+    assert_eq!(p.drop, vec![(id(1), DropReason::DeadLineage)]);
 }
 
 #[test]

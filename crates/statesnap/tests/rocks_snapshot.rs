@@ -14,18 +14,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use statesnap::ErrorKind;
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogId, Lineage, Record};
+use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
+use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
 use statesnap::clock::{Clock, ManualClock, SystemClock};
 use statesnap::format::rocks::RocksFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::repo::{GcOptions, Manifest, Repository, StoreKey, paths};
 use statesnap::restore::{ReplayOptions, RestoreOptions, replay, restore_store};
-use statesnap::snapshot::{SnapshotTarget, commit_snapshot};
+use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
-use statesnap::store::{StateStore, StateStoreExt};
+use statesnap::store::{StateStore, StateStoreExt, ensure_follows};
 
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -69,23 +69,29 @@ fn mem_repo() -> (Repository, Arc<dyn ObjectStore>) {
     (Repository::from_store(Arc::clone(&base), "").unwrap(), base)
 }
 
-fn target_for(lineage: &Lineage) -> SnapshotTarget {
-    SnapshotTarget {
-        store_key: sk(),
-        changelog: id(),
-        lineage: lineage.clone(),
-    }
+/// A changelog for tests that load stores in bulk ([`fill`]); fsynced only
+/// when a snapshot asks.
+fn test_log(dir: &Path) -> FileChangelog {
+    FileChangelog::open(
+        dir.join("bulk-log"),
+        id(),
+        FileChangelogOptions {
+            fsync: FsyncPolicy::Never,
+            ..FileChangelogOptions::default()
+        },
+    )
+    .unwrap()
 }
 
 async fn snapshot(
     format: &RocksFormat,
     store: &RocksStore,
     repo: &Repository,
-    lineage: &Lineage,
+    log: &FileChangelog,
     parent: Option<&Manifest>,
 ) -> Manifest {
     let cut = format.capture(store).unwrap();
-    commit_snapshot(format, cut, repo, &target_for(lineage), parent)
+    commit_snapshot(format, cut, repo, &sk(), log, parent)
         .await
         .unwrap()
 }
@@ -107,36 +113,34 @@ fn key(i: u32) -> Vec<u8> {
     format!("key-{i:06}").into_bytes()
 }
 
-/// Applies `n` puts `key(i) = noise(seed ^ i)` at offsets from `first`; returns
-/// the next offset.
+/// Puts `key(i) = noise(seed ^ i)` for `range`, 500 per batch, each batch
+/// logged to `log` and applied at its last offset; returns the log's end.
 fn fill(
+    log: &FileChangelog,
     store: &mut RocksStore,
     model: &mut Model,
     range: impl Iterator<Item = u32>,
     seed: u64,
-    first: u64,
 ) -> u64 {
-    let mut off = first;
+    ensure_follows(store, &ChangelogBinding::of(log).unwrap()).unwrap();
     let mut batch = Vec::new();
+    let flush = |batch: &mut Vec<Record>, store: &mut RocksStore| {
+        let offsets = log.append(batch).unwrap();
+        store.apply(batch, *offsets.last().unwrap()).unwrap();
+        batch.clear();
+    };
     for i in range {
         let v = noise(seed ^ u64::from(i), 100);
         model.insert(key(i), v.clone());
         batch.push(Record::put(Bytes::from(key(i)), Bytes::from(v)));
         if batch.len() == 500 {
-            store.apply(&batch, off).unwrap();
-            off += 1;
-            batch.clear();
+            flush(&mut batch, store);
         }
     }
     if !batch.is_empty() {
-        store.apply(&batch, off).unwrap();
-        off += 1;
+        flush(&mut batch, store);
     }
-    off
-}
-
-fn lineage() -> Lineage {
-    Lineage("test-lineage".into())
+    log.end_offset().unwrap()
 }
 
 /// Entries of `dir` whose name contains `needle`.
@@ -203,7 +207,6 @@ fn run_model(ops: Vec<Op>) {
         },
     )
     .unwrap();
-    let lineage = log.lineage().unwrap();
     let store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
     let mut ls = LoggedStore::new(store, log).unwrap();
     let format = RocksFormat::new(opts());
@@ -245,7 +248,7 @@ fn run_model(ops: Vec<Op>) {
                     &format,
                     ls.store(),
                     &repo,
-                    &lineage,
+                    ls.changelog(),
                     parent.as_ref(),
                 ));
                 assert_eq!(
@@ -333,13 +336,14 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
         .with_clock(Arc::new(clock.clone()));
     let format = RocksFormat::new(opts());
     let mut store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
+    let log = test_log(dir.path());
     let mut model = Model::new();
     let n = 10_000u32;
-    let off = fill(&mut store, &mut model, 0..n, 1, 0);
+    fill(&log, &mut store, &mut model, 0..n, 1);
     // One compacted run, so the 1 % change below does not trigger a compaction.
     store.flush().unwrap();
     store.db().compact_range::<&[u8], &[u8]>(None, None);
-    let parent = rt.block_on(snapshot(&format, &store, &repo, &lineage(), None));
+    let parent = rt.block_on(snapshot(&format, &store, &repo, &log, None));
     assert!(parent.stats.bytes_uploaded > 500_000, "{:?}", parent.stats);
     assert_eq!(parent.stats.bytes_reused, 0);
     assert!(
@@ -349,9 +353,9 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
     );
 
     // Change 1 % of the keys, flush, snapshot again.
-    fill(&mut store, &mut model, (0..n).step_by(100), 2, off);
+    fill(&log, &mut store, &mut model, (0..n).step_by(100), 2);
     store.flush().unwrap();
-    let child = rt.block_on(snapshot(&format, &store, &repo, &lineage(), Some(&parent)));
+    let child = rt.block_on(snapshot(&format, &store, &repo, &log, Some(&parent)));
     let parent_paths: BTreeSet<&str> = parent.files.iter().map(|f| f.path.as_str()).collect();
     let parent_hashes: BTreeSet<_> = parent.files.iter().map(|f| f.blake3).collect();
     let new_sst: u64 = child
@@ -435,7 +439,6 @@ fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
         FileChangelogOptions::default(),
     )
     .unwrap();
-    let lineage = log.lineage().unwrap();
     let store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
     let mut ls = LoggedStore::new(store, log).unwrap();
     let mut model = Model::new();
@@ -455,9 +458,15 @@ fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
     write(&mut ls, 0..3000, 1);
     let format = RocksFormat::new(opts());
     let (repo, base) = mem_repo();
-    let old = rt.block_on(snapshot(&format, ls.store(), &repo, &lineage, None));
+    let old = rt.block_on(snapshot(&format, ls.store(), &repo, ls.changelog(), None));
     write(&mut ls, 3000..6000, 2);
-    let new = rt.block_on(snapshot(&format, ls.store(), &repo, &lineage, Some(&old)));
+    let new = rt.block_on(snapshot(
+        &format,
+        ls.store(),
+        &repo,
+        ls.changelog(),
+        Some(&old),
+    ));
     write(&mut ls, 6000..6100, 3);
     let (_store, log) = ls.into_parts();
     TwoSnaps {
@@ -508,6 +517,8 @@ fn corrupt_sst_fails_restore_naming_the_file_and_restore_store_falls_back() {
     let target = s.dir.path().join("target");
     std::fs::create_dir_all(&target).unwrap();
     std::fs::write(target.join("precious"), b"keep me").unwrap();
+    // A store directory (marked): restores may replace it, but only whole.
+    statesnap::store::mark_store_dir(&target).unwrap();
     let err = rt
         .block_on(s.format.restore(
             &s.new,
@@ -524,7 +535,7 @@ fn corrupt_sst_fails_restore_naming_the_file_and_restore_store_falls_back() {
     );
     assert_eq!(
         dir_listing(&target),
-        BTreeSet::from(["precious".to_owned()])
+        BTreeSet::from([".statesnap-store".to_owned(), "precious".to_owned()])
     );
     assert!(entries_with(s.dir.path(), "statesnap-restore").is_empty());
 
@@ -592,6 +603,8 @@ fn a_failed_restore_never_leaves_staging_behind_whichever_file_is_corrupt() {
     let target = s.dir.path().join("target");
     std::fs::create_dir_all(&target).unwrap();
     std::fs::write(target.join("precious"), b"keep me").unwrap();
+    // A store directory (marked): restores may replace it, but only whole.
+    statesnap::store::mark_store_dir(&target).unwrap();
     let old_hashes: BTreeSet<_> = s.old.files.iter().map(|f| f.blake3).collect();
     let victims: Vec<String> = s
         .new
@@ -622,7 +635,7 @@ fn a_failed_restore_never_leaves_staging_behind_whichever_file_is_corrupt() {
             );
             assert_eq!(
                 dir_listing(&target),
-                BTreeSet::from(["precious".to_owned()])
+                BTreeSet::from([".statesnap-store".to_owned(), "precious".to_owned()])
             );
         }
         // Put the byte back for the next victim.
@@ -815,9 +828,10 @@ fn two_incarnations_restored_from_one_snapshot_keep_their_own_files() {
     let (repo, _) = mem_repo();
     let format = RocksFormat::new(opts());
     let mut a = RocksStore::open(dir.path().join("a"), &opts()).unwrap();
+    let log = test_log(dir.path());
     let mut base_model = Model::new();
-    let off = fill(&mut a, &mut base_model, 0..2000, 7, 0);
-    let s0 = rt.block_on(snapshot(&format, &a, &repo, &lineage(), None));
+    fill(&log, &mut a, &mut base_model, 0..2000, 7);
+    let s0 = rt.block_on(snapshot(&format, &a, &repo, &log, None));
     drop(a);
 
     let mut results = Vec::new();
@@ -835,9 +849,9 @@ fn two_incarnations_restored_from_one_snapshot_keep_their_own_files() {
         let mut model = base_model.clone();
         // Same keys, same value sizes, different bytes: same-named SSTs of
         // the same size, with different contents.
-        fill(&mut st, &mut model, 0..500, seed, off);
+        fill(&log, &mut st, &mut model, 0..500, seed);
         st.flush().unwrap();
-        let m = rt.block_on(snapshot(&format, &st, &repo, &lineage(), Some(&s0)));
+        let m = rt.block_on(snapshot(&format, &st, &repo, &log, Some(&s0)));
         results.push((m, model));
     }
     let (mb, _) = &results[0];
@@ -876,8 +890,9 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let store_path = dir.path().join("store");
     let mut store = RocksStore::open(&store_path, &opts()).unwrap();
+    let log = test_log(dir.path());
     let mut model = Model::new();
-    fill(&mut store, &mut model, 0..100, 1, 0);
+    fill(&log, &mut store, &mut model, 0..100, 1);
     let format = RocksFormat::new(opts());
     let root = format.staging_root_for(&store_path);
     // A checkpoint left by a crashed process.
@@ -906,7 +921,7 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
 
     // A snapshot (success) leaves no checkpoint behind.
     let (repo, _) = mem_repo();
-    let m = rt.block_on(snapshot(&format, &store, &repo, &lineage(), None));
+    let m = rt.block_on(snapshot(&format, &store, &repo, &log, None));
     assert!(entries_with(&root, "checkpoint-").is_empty());
     // A failed write (unreachable repository) leaves none either.
     let broken = Repository::from_store(
@@ -922,13 +937,7 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
     .unwrap();
     let cut = format.capture(&store).unwrap();
     let err = rt
-        .block_on(commit_snapshot(
-            &format,
-            cut,
-            &broken,
-            &target_for(&lineage()),
-            None,
-        ))
+        .block_on(commit_snapshot(&format, cut, &broken, &sk(), &log, None))
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
     assert!(entries_with(&root, "checkpoint-").is_empty());
@@ -973,8 +982,9 @@ fn capture_reads_offset_from_checkpoint_even_without_wal() {
         ..opts()
     };
     let mut store = RocksStore::open(dir.path().join("store"), &o).unwrap();
+    let log = test_log(dir.path());
     let mut model = Model::new();
-    let next = fill(&mut store, &mut model, 0..1000, 5, 40);
+    let next = fill(&log, &mut store, &mut model, 0..1000, 5);
     let format = RocksFormat::new(o.clone());
     let cut = format.capture(&store).unwrap();
     assert_eq!(format.cut_offset(&cut), Some(next - 1));
@@ -986,13 +996,7 @@ fn capture_reads_offset_from_checkpoint_even_without_wal() {
     );
     let (repo, _) = mem_repo();
     let m = rt
-        .block_on(commit_snapshot(
-            &format,
-            cut,
-            &repo,
-            &target_for(&lineage()),
-            None,
-        ))
+        .block_on(commit_snapshot(&format, cut, &repo, &sk(), &log, None))
         .unwrap();
     assert_eq!(m.changelog.offset, next - 1);
     drop(store);

@@ -165,6 +165,35 @@ impl fmt::Display for Lineage {
     }
 }
 
+/// Which changelog incarnation a store follows: the changelog's id and its
+/// lineage (design invariant 10). A store records it durably before it
+/// applies its first record and never changes it, so its `applied_offset`
+/// always means an offset *of that incarnation*: a store left on disk is never
+/// caught up onto another changelog, or onto the same one recreated.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ChangelogBinding {
+    /// The changelog's topic and partition.
+    pub changelog: ChangelogId,
+    /// The changelog's incarnation.
+    pub lineage: Lineage,
+}
+
+impl ChangelogBinding {
+    /// The binding of `changelog` as it is now (reads its lineage).
+    pub fn of<C: Changelog + ?Sized>(changelog: &C) -> Result<Self> {
+        Ok(ChangelogBinding {
+            changelog: changelog.id().clone(),
+            lineage: changelog.lineage()?,
+        })
+    }
+}
+
+impl fmt::Display for ChangelogBinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} lineage {}", self.changelog, self.lineage)
+    }
+}
+
 /// How far back a changelog still holds everything replay needs
 /// (design invariant 7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -299,8 +328,8 @@ pub trait Changelog: Send + Sync {
 /// Forwards every [`Changelog`] method through a smart pointer (no method may
 /// fall back to a default, so a wrapper can never silently diverge).
 macro_rules! forward_changelog {
-    ($($ptr:ident)::+) => {
-        impl<C: Changelog + ?Sized> Changelog for $($ptr)::+<C> {
+    ($($ptr:tt)+) => {
+        impl<C: Changelog + ?Sized> Changelog for $($ptr)+ {
             fn id(&self) -> &ChangelogId {
                 (**self).id()
             }
@@ -329,8 +358,9 @@ macro_rules! forward_changelog {
     };
 }
 
-forward_changelog!(Box);
-forward_changelog!(std::sync::Arc);
+forward_changelog!(Box<C>);
+forward_changelog!(std::sync::Arc<C>);
+forward_changelog!(&C);
 
 #[cfg(test)]
 mod tests {

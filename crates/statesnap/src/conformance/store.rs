@@ -5,8 +5,8 @@ use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use crate::changelog::Record;
-use crate::store::{StateStore, StateStoreExt};
+use crate::changelog::{ChangelogBinding, ChangelogId, Lineage, Record};
+use crate::store::{StateStore, StateStoreExt, ensure_follows};
 
 fn collect<S: StateStore + ?Sized>(
     s: &S,
@@ -31,6 +31,51 @@ pub fn run_all<S: StateStore>(make: &mut dyn FnMut() -> S) {
     large_values_round_trip(&mut make());
     size_estimate_tracks_contents(&mut make());
     matches_model_on_random_batches(&mut make());
+    binding_is_recorded_once(&mut make());
+    ensure_follows_refuses_other_lineages(&mut make());
+}
+
+fn binding(topic: &str, lineage: &str) -> ChangelogBinding {
+    ChangelogBinding {
+        changelog: ChangelogId::new(topic, 0).expect("topic"),
+        lineage: Lineage(lineage.to_string()),
+    }
+}
+
+/// A new store is unbound; `bind` records a binding, accepts the same one
+/// again and refuses (`stale`) any other, whatever the store has applied.
+pub fn binding_is_recorded_once<S: StateStore>(s: &mut S) {
+    assert_eq!(s.binding().expect("binding"), None);
+    let a = binding("app-s-changelog", "lineage-a");
+    s.bind(&a).expect("bind");
+    assert_eq!(s.binding().expect("binding"), Some(a.clone()));
+    s.bind(&a)
+        .expect("binding again to the same changelog is a no-op");
+    s.apply(&[Record::put("k", "v")], 3).expect("apply");
+    for other in [
+        binding("app-s-changelog", "lineage-b"),
+        binding("other-changelog", "lineage-a"),
+    ] {
+        let err = s.bind(&other).expect_err("rebinding must fail");
+        assert_eq!(err.kind(), crate::ErrorKind::Stale, "{err}");
+    }
+    assert_eq!(s.binding().expect("binding"), Some(a));
+    assert_eq!(s.applied_offset().expect("offset"), Some(3));
+}
+
+/// [`ensure_follows`] binds a fresh store, passes the same changelog, and
+/// refuses a recreated changelog (new lineage) without touching the store.
+pub fn ensure_follows_refuses_other_lineages<S: StateStore>(s: &mut S) {
+    let a = binding("app-s-changelog", "lineage-a");
+    ensure_follows(s, &a).expect("a fresh store is bound");
+    assert_eq!(s.binding().expect("binding"), Some(a.clone()));
+    s.apply(&[Record::put("k", "v")], 0).expect("apply");
+    ensure_follows(s, &a).expect("same changelog");
+    let err = ensure_follows(s, &binding("app-s-changelog", "lineage-b"))
+        .expect_err("a recreated changelog must be refused");
+    assert_eq!(err.kind(), crate::ErrorKind::Stale, "{err}");
+    assert!(err.message().contains("lineage-b"), "{err}");
+    assert_eq!(s.get(b"k").expect("get").as_deref(), Some(&b"v"[..]));
 }
 
 /// A new store is empty and has applied nothing.

@@ -29,6 +29,7 @@ pub(crate) mod staging;
 use std::future::Future;
 use std::path::Path;
 
+use crate::changelog::ChangelogBinding;
 use crate::error::Result;
 use crate::repo::{
     Manifest, Repository, SnapshotId, SnapshotStats, SnapshotWriter, StoreFormatId, StoreKey,
@@ -105,6 +106,11 @@ pub trait StoreFormat: Send + Sync {
     /// The changelog offset the cut reflects (`None`: the store had applied
     /// nothing, so there is nothing worth snapshotting).
     fn cut_offset(&self, cut: &Self::Cut) -> Option<u64>;
+
+    /// The changelog incarnation the cut's offset belongs to, read from the
+    /// cut itself like the offset (`None`: the store records none, and
+    /// [`crate::snapshot::commit_snapshot`] refuses to tag it).
+    fn cut_binding(&self, cut: &Self::Cut) -> Option<ChangelogBinding>;
 
     /// Turns the cut into blobs in the repository.
     fn write(

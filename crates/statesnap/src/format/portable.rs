@@ -37,7 +37,7 @@
 pub mod chunk;
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -45,10 +45,10 @@ use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use self::chunk::{ChunkParams, Chunker, decode_chunk};
+use self::chunk::{ChunkParams, Chunker, decode_chunk, decode_header};
 use super::staging::{self, new_restore_staging, swap_into_place, sync_tree};
 use super::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
-use crate::changelog::Record;
+use crate::changelog::{ChangelogBinding, Record};
 use crate::error::{Error, Result};
 use crate::repo::{BlobRef, FileEntry, Manifest, SnapshotStats, SnapshotWriter, StoreFormatId};
 use crate::store::memory::{MemoryCut, MemoryStore};
@@ -61,10 +61,19 @@ pub const FORMAT_VERSION: u32 = 1;
 
 /// Records per `apply` call during restore.
 const RESTORE_BATCH: usize = 4096;
+/// Most layers (one full run + deltas) a snapshot may have. Writes never
+/// make more (a longer chain is consolidated into a full snapshot); restore
+/// refuses more as corrupt, so a hostile manifest cannot make it hold one
+/// prefetch queue per layer without end.
+pub const MAX_LAYERS: usize = 64;
+/// Compressed chunks fetched ahead per layer during a restore.
+const RESTORE_PREFETCH: usize = 2;
+/// Most bytes of decoded chunks held at once during a restore, across all
+/// layers (one chunk per layer is decoded at a time; honest snapshots need
+/// layers x 4 MiB). A manifest needing more is refused as corrupt.
+pub const RESTORE_DECODE_BUDGET: u64 = 1 << 30;
 /// Sealed chunks buffered between the encoder thread and the uploader.
 const UPLOAD_QUEUE: usize = 4;
-/// Longest delta chain a restore accepts (a sanity bound on metadata).
-const MAX_LAYERS: usize = 10_000;
 
 /// A store the portable format can snapshot: it produces a consistent cut of
 /// its contents and applied offset.
@@ -97,6 +106,7 @@ impl PortableSource for crate::store::rocks::RocksStore {
 #[derive(Debug, Clone)]
 pub struct PortableCut {
     applied_offset: Option<u64>,
+    binding: Option<ChangelogBinding>,
     contents: CutContents,
 }
 
@@ -111,12 +121,14 @@ impl PortableCut {
     pub fn from_memory(cut: MemoryCut) -> Self {
         PortableCut {
             applied_offset: cut.applied_offset,
+            binding: cut.binding,
             contents: CutContents::Memory(cut.map, cut.bytes),
         }
     }
 
     /// A cut from entries in strictly ascending key order (checked when the
-    /// snapshot is written).
+    /// snapshot is written), with no binding: add the store's with
+    /// [`PortableCut::with_binding`] (a cut without one cannot be committed).
     pub fn from_sorted(entries: Vec<KeyValue>, applied_offset: Option<u64>) -> Self {
         let bytes = entries
             .iter()
@@ -124,16 +136,25 @@ impl PortableCut {
             .sum();
         PortableCut {
             applied_offset,
+            binding: None,
             contents: CutContents::Sorted(Arc::new(entries), bytes),
         }
+    }
+
+    /// The cut, recording that its offset belongs to `binding` (the store's
+    /// [`StateStore::binding`], read together with the offset).
+    pub fn with_binding(mut self, binding: Option<ChangelogBinding>) -> Self {
+        self.binding = binding;
+        self
     }
 
     /// Copies every live entry of `store`, in key order, with its applied
     /// offset: O(n) on the caller's thread, for stores without a cheaper cut.
     pub fn materialize<S: StateStore + ?Sized>(store: &S) -> Result<Self> {
         let applied_offset = store.applied_offset()?;
+        let binding = store.binding()?;
         let entries = store.iter()?.collect::<Result<Vec<_>>>()?;
-        Ok(PortableCut::from_sorted(entries, applied_offset))
+        Ok(PortableCut::from_sorted(entries, applied_offset).with_binding(binding))
     }
 
     /// The offset the cut reflects.
@@ -303,6 +324,7 @@ pub struct PortableFormat<S> {
     factory: Arc<Factory<S>>,
     chunking: ChunkParams,
     policy: DeltaPolicy,
+    decode_budget: u64,
     last: Mutex<Option<LastWrite>>,
 }
 
@@ -331,6 +353,7 @@ impl<S> PortableFormat<S> {
             factory: Arc::new(factory),
             chunking: ChunkParams::default(),
             policy: DeltaPolicy::default(),
+            decode_budget: RESTORE_DECODE_BUDGET,
             last: Mutex::new(None),
         }
     }
@@ -341,6 +364,13 @@ impl<S> PortableFormat<S> {
         params.validate()?;
         self.chunking = params;
         Ok(self)
+    }
+
+    /// Another cap on decoded chunk bytes held during a restore (default
+    /// [`RESTORE_DECODE_BUDGET`]); a snapshot needing more fails `corrupt`.
+    pub fn with_restore_memory_budget(mut self, bytes: u64) -> Self {
+        self.decode_budget = bytes;
+        self
     }
 
     /// Another delta policy.
@@ -491,13 +521,25 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             CutContents::Memory(m, _) => Some(m.clone()),
             CutContents::Sorted(..) => None,
         };
-        // Delta if the parent is our last cut and the policy allows it.
+        // Delta if the parent is our last cut and the policy allows it, and
+        // the parent's blobs are all still there: gc may have swept them
+        // since, and a delta naming them would fail its commit on every
+        // retry. Then a full snapshot is written from the cut.
         let mut delta = None;
-        if let (true, Some(new), Some((layers, old))) = (
-            self.policy.enabled,
-            new_map.clone(),
-            self.delta_base(ctx.parent),
-        ) && layers.len() < self.policy.max_chain_len.saturating_add(1)
+        let mut base = self.delta_base(ctx.parent);
+        if base.is_some()
+            && let Some(parent) = ctx.parent
+            && !ctx.repo.blobs_present(ctx.store_key, &parent.files).await?
+        {
+            tracing::warn!(
+                parent = %parent.snapshot_id,
+                "the parent snapshot's blobs are gone (gc?); writing a full snapshot"
+            );
+            self.forget_last_cut();
+            base = None;
+        }
+        if let (true, Some(new), Some((layers, old))) = (self.policy.enabled, new_map.clone(), base)
+            && layers.len() < self.policy.max_chain_len.saturating_add(1).min(MAX_LAYERS)
         {
             let records = tokio::task::spawn_blocking(move || diff_maps(&old, &new))
                 .await
@@ -572,46 +614,68 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         ctx: RestoreContext<'_>,
     ) -> Result<(S, RestoreStats)> {
         let meta = PortableMetadata::of(manifest)?;
+        staging::check_replaceable(ctx.target)?;
         let by_path: BTreeMap<&str, &FileEntry> = manifest
             .files
             .iter()
             .map(|f| (f.path.as_str(), f))
             .collect();
-        let mut wanted = Vec::new();
+        let mut per_layer: Vec<Vec<FileEntry>> = Vec::with_capacity(meta.layers.len());
         for (i, l) in meta.layers.iter().enumerate() {
+            let mut files = Vec::new();
             for c in 0..l.chunks {
                 let p = chunk_path(i, c);
                 let f = by_path
                     .get(p.as_str())
                     .ok_or_else(|| Error::internal(format!("checked file vanished path=`{p}`")))?;
-                wanted.push((i, (*f).clone()));
+                files.push((*f).clone());
             }
+            per_layer.push(files);
         }
-        let repo = ctx.repo;
-        let sk = &manifest.store_key;
-        let parallelism = repo.transfer().parallelism.max(1);
-        // Every blob is verified against its manifest size and hash here
-        // (design invariant 6) before a byte of it is decoded.
-        let blobs: Vec<(usize, String, Bytes)> = futures::stream::iter(wanted)
-            .map(|(layer, f)| async move {
-                let b = repo.get_blob_bytes(sk, &BlobRef::from(&f)).await?;
-                Ok::<_, Error>((layer, f.path, b))
-            })
-            .buffered(parallelism)
-            .try_collect()
-            .await?;
         let stats = RestoreStats {
-            bytes_downloaded: blobs.iter().map(|(_, _, b)| b.len() as u64).sum(),
-            files_downloaded: blobs.len() as u64,
+            bytes_downloaded: per_layer.iter().flatten().map(|f| f.size).sum(),
+            files_downloaded: per_layer.iter().map(|l| l.len() as u64).sum(),
             ..Default::default()
         };
-        let mut per_layer: Vec<Vec<(String, Bytes)>> = vec![Vec::new(); meta.layers.len()];
-        for (l, p, b) in blobs {
-            per_layer[l].push((p, b));
+        // Streaming: one fetch task per layer downloads its chunks in order,
+        // a few ahead, into a bounded queue the loader drains. Memory is
+        // bounded by layers x (prefetch + 1) compressed chunks plus the
+        // decode budget, whatever the snapshot's size. Every blob is
+        // verified against its manifest size and hash (design invariant 6)
+        // before a byte of it is decoded.
+        let repo = ctx.repo;
+        let sk = &manifest.store_key;
+        let depth = repo.transfer().parallelism.clamp(1, RESTORE_PREFETCH);
+        let mut fetchers = tokio::task::JoinSet::new();
+        let mut queues = Vec::with_capacity(per_layer.len());
+        for files in per_layer {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<(String, Bytes)>>(depth);
+            let (repo, sk) = (repo.clone(), sk.clone());
+            fetchers.spawn(async move {
+                let mut blobs = futures::stream::iter(files)
+                    .map(|f| {
+                        let (repo, sk) = (&repo, &sk);
+                        async move {
+                            let b = repo.get_blob_bytes(sk, &BlobRef::from(&f)).await?;
+                            Ok::<_, Error>((f.path, b))
+                        }
+                    })
+                    .buffered(depth);
+                while let Some(r) = blobs.next().await {
+                    let failed = r.is_err();
+                    // A closed queue: the loader stopped (it reports why).
+                    if tx.send(r).await.is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            queues.push(rx);
         }
         let factory = Arc::clone(&self.factory);
+        let budget = self.decode_budget;
         let target = ctx.target.to_path_buf();
         let offset = manifest.changelog.offset;
+        let binding = manifest.changelog.binding();
         let id = manifest.snapshot_id.to_string();
         let store = tokio::task::spawn_blocking(move || -> Result<S> {
             // Built at a staging path, switched in only when complete: a
@@ -619,7 +683,10 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             // already carries the snapshot's offset (invariant 1).
             let (staging, mut guard) = new_restore_staging(&target)?;
             let mut store = factory(&staging)?;
-            load_layers(&mut store, per_layer, &meta.layers, offset, &id)?;
+            // Bound before the first record and before the switch: a store
+            // at `target` never carries the snapshot's offset without it.
+            crate::store::bind_restored(&mut store, &binding)?;
+            load_layers(&mut store, queues, &meta.layers, offset, &id, budget)?;
             if std::fs::symlink_metadata(&staging).is_err() {
                 // The factory keeps nothing at the path (an in-memory
                 // store): there is nothing a crash could leave half-written.
@@ -628,6 +695,9 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
                 return Ok(store);
             }
             drop(store); // closes it: its files are complete
+            if std::fs::symlink_metadata(&staging).is_ok_and(|m| m.is_dir()) {
+                staging::write_marker(&staging)?;
+            }
             sync_tree(&staging)?;
             let store = swap_into_place(&staging, &target, |target| {
                 let store = factory(target)?;
@@ -646,8 +716,10 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             Ok(store)
         })
         .await
-        .map_err(|e| Error::internal("portable restore task failed").with_source(e))??;
-        Ok((store, stats))
+        .map_err(|e| Error::internal("portable restore task failed").with_source(e));
+        // The loader is done (or failed): no fetch may outlive the restore.
+        fetchers.shutdown().await;
+        Ok((store??, stats))
     }
 }
 
@@ -661,12 +733,21 @@ fn remove_path(p: &Path) -> Result<()> {
     })
 }
 
-/// Reads one layer's chunks in order, checking order across chunks.
+/// Reads one layer's chunks in order, as its fetch task delivers them,
+/// checking order across chunks.
 struct LayerReader<'a> {
     layer: usize,
     kind: LayerKind,
-    blobs: std::vec::IntoIter<(String, Bytes)>,
+    blobs: tokio::sync::mpsc::Receiver<Result<(String, Bytes)>>,
+    /// Chunks the layer's metadata promises, and chunks received.
+    chunks: u64,
+    received: u64,
     current: std::vec::IntoIter<Record>,
+    /// Uncompressed bytes of the chunk in `current`, counted in `decoded`.
+    current_len: u64,
+    /// Decoded bytes held across all layers, and the most allowed.
+    decoded: &'a std::cell::Cell<u64>,
+    budget: u64,
     last_key: Option<Bytes>,
     records: u64,
     snapshot: &'a str,
@@ -679,9 +760,21 @@ impl LayerReader<'_> {
                 self.records += 1;
                 return Ok(Some(r));
             }
-            let Some((path, blob)) = self.blobs.next() else {
+            self.decoded
+                .set(self.decoded.get().saturating_sub(self.current_len));
+            self.current_len = 0;
+            let Some(next) = self.blobs.blocking_recv() else {
+                if self.received != self.chunks {
+                    return Err(Error::internal(format!(
+                        "portable restore: a chunk fetch ended early snapshot=`{}` layer={} \
+                         received={} chunks={}",
+                        self.snapshot, self.layer, self.received, self.chunks
+                    )));
+                }
                 return Ok(None);
             };
+            let (path, blob) = next?;
+            self.received += 1;
             let wrap = |e: Error, what: &str| {
                 Error::new(
                     e.kind(),
@@ -692,7 +785,26 @@ impl LayerReader<'_> {
                 )
                 .with_source(e)
             };
+            let header =
+                decode_header(&blob).map_err(|e| wrap(e, "cannot decode portable chunk"))?;
+            let want = u64::from(header.uncompressed_len);
+            let held = self.decoded.get();
+            if held.saturating_add(want) > self.budget {
+                return Err(Error::corrupt(format!(
+                    "portable snapshot needs more memory to restore than allowed: its layers' \
+                     chunks decode to more than the budget at once snapshot=`{}` file=`{path}` \
+                     layer={} decoded_bytes={} budget={}; raise it with \
+                     PortableFormat::with_restore_memory_budget if the snapshot is trusted",
+                    self.snapshot,
+                    self.layer,
+                    held.saturating_add(want),
+                    self.budget
+                )));
+            }
             let chunk = decode_chunk(&blob).map_err(|e| wrap(e, "cannot decode portable chunk"))?;
+            drop(blob);
+            self.decoded.set(held + want);
+            self.current_len = want;
             if let (Some(prev), Some(first)) = (&self.last_key, chunk.records.first())
                 && first.key <= *prev
             {
@@ -719,20 +831,27 @@ impl LayerReader<'_> {
 /// the live entries to `store` in batches at `offset`.
 fn load_layers<S: StateStore>(
     store: &mut S,
-    per_layer: Vec<Vec<(String, Bytes)>>,
+    queues: Vec<tokio::sync::mpsc::Receiver<Result<(String, Bytes)>>>,
     metas: &[LayerMeta],
     offset: u64,
     snapshot: &str,
+    budget: u64,
 ) -> Result<()> {
-    let mut readers: Vec<LayerReader<'_>> = per_layer
+    let decoded = std::cell::Cell::new(0u64);
+    let mut readers: Vec<LayerReader<'_>> = queues
         .into_iter()
         .zip(metas)
         .enumerate()
         .map(|(layer, (blobs, m))| LayerReader {
             layer,
             kind: m.kind,
-            blobs: blobs.into_iter(),
+            blobs,
+            chunks: m.chunks,
+            received: 0,
             current: Vec::new().into_iter(),
+            current_len: 0,
+            decoded: &decoded,
+            budget,
             last_key: None,
             records: 0,
             snapshot,
@@ -806,6 +925,10 @@ impl<S: PortableSource + 'static> StoreFormat for PortableFormat<S> {
         cut.applied_offset
     }
 
+    fn cut_binding(&self, cut: &PortableCut) -> Option<ChangelogBinding> {
+        cut.binding.clone()
+    }
+
     fn write(
         &self,
         cut: PortableCut,
@@ -823,6 +946,7 @@ impl<S: PortableSource + 'static> StoreFormat for PortableFormat<S> {
     }
 
     fn create_empty(&self, target: &Path) -> Result<S> {
+        staging::check_replaceable(target)?;
         staging::clean_restore_leftovers(target)?;
         remove_path(target)?;
         (self.factory)(target)

@@ -47,23 +47,35 @@
 //! back if the restored store fails to open or sits at the wrong offset), and
 //! the parent directory fsynced. A failed restore leaves the target as it was.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use rocksdb::{ColumnFamilyDescriptor, DB};
 
 use super::staging::{
-    clean_restore_leftovers, io_err, new_restore_staging, register_live, remove_leftovers,
-    remove_path, split_target, swap_into_place, sync_dir, unregister_live,
+    check_replaceable, clean_restore_leftovers, io_err, new_restore_staging, register_live,
+    remove_leftovers, remove_path, split_target, swap_into_place, sync_dir, unregister_live,
+    write_marker,
 };
 use super::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
+use crate::changelog::ChangelogBinding;
 use crate::error::{Error, Result};
 use crate::repo::{
     BlobHash, BlobRef, FileEntry, Manifest, PutOutcome, SnapshotStats, SnapshotWriter,
     StoreFormatId,
 };
-use crate::store::rocks::{META_CF, RocksOptions, RocksStore, read_applied_offset, rocks_error};
+use crate::store::rocks::{
+    META_CF, RocksOptions, RocksStore, read_applied_offset, read_binding, rocks_error,
+};
+
+/// What a checkpoint's metadata says.
+struct CheckpointInfo {
+    offset: Option<u64>,
+    binding: Option<ChangelogBinding>,
+    keys: u64,
+    bytes: u64,
+}
 use crate::util::drain_bounded;
 
 /// Name of this format in manifests.
@@ -74,7 +86,57 @@ pub const FORMAT_VERSION: u32 = 1;
 const CHECKPOINT_PREFIX: &str = "checkpoint-";
 const STAGING_SUFFIX: &str = ".statesnap-staging";
 
-type CacheKey = (uuid::Uuid, String, u64);
+/// Store incarnations whose file hashes the cache keeps; the least recently
+/// used one is forgotten beyond this (its next snapshot hashes its files
+/// again — slower, never wrong). One per store a process snapshots or
+/// restores is what matters; every restore makes a new incarnation.
+pub const HASH_CACHE_INCARNATIONS: usize = 64;
+
+/// File hashes per store incarnation: `(name, size) -> blake3`, bounded to
+/// [`HASH_CACHE_INCARNATIONS`] incarnations, least recently used evicted.
+/// Within one incarnation it holds only the files of its last snapshot or
+/// restore, so it never grows with history.
+#[derive(Debug, Default)]
+struct HashCache {
+    by_incarnation: HashMap<uuid::Uuid, HashMap<(String, u64), BlobHash>>,
+    /// Least recently used first.
+    order: std::collections::VecDeque<uuid::Uuid>,
+}
+
+impl HashCache {
+    fn touch(&mut self, inc: uuid::Uuid) {
+        if let Some(i) = self.order.iter().position(|x| *x == inc) {
+            self.order.remove(i);
+        }
+        self.order.push_back(inc);
+    }
+
+    fn get(&mut self, inc: uuid::Uuid, name: &str, size: u64) -> Option<BlobHash> {
+        let h = self
+            .by_incarnation
+            .get(&inc)?
+            .get(&(name.to_owned(), size))
+            .copied();
+        self.touch(inc);
+        h
+    }
+
+    /// Replaces everything known about `inc` by `files`.
+    fn replace(&mut self, inc: uuid::Uuid, files: impl Iterator<Item = (String, u64, BlobHash)>) {
+        let map = files.map(|(n, s, h)| ((n, s), h)).collect();
+        self.by_incarnation.insert(inc, map);
+        self.touch(inc);
+        while self.order.len() > HASH_CACHE_INCARNATIONS {
+            if let Some(old) = self.order.pop_front() {
+                self.by_incarnation.remove(&old);
+            }
+        }
+    }
+
+    fn incarnations(&self) -> usize {
+        self.by_incarnation.len()
+    }
+}
 
 /// The RocksDB [`StoreFormat`]. Cheap to clone; clones share the file-hash
 /// cache, so use one format (or its clones) for restores and snapshots of a
@@ -83,7 +145,7 @@ type CacheKey = (uuid::Uuid, String, u64);
 pub struct RocksFormat {
     options: RocksOptions,
     staging_root: Option<PathBuf>,
-    cache: Arc<Mutex<HashMap<CacheKey, BlobHash>>>,
+    cache: Arc<Mutex<HashCache>>,
 }
 
 impl Default for RocksFormat {
@@ -99,6 +161,7 @@ pub struct RocksCut {
     dir: PathBuf,
     files: Vec<(String, u64)>,
     offset: Option<u64>,
+    binding: Option<ChangelogBinding>,
     keys: u64,
     logical_bytes: u64,
     incarnation: uuid::Uuid,
@@ -182,7 +245,7 @@ impl RocksFormat {
         RocksFormat {
             options,
             staging_root: None,
-            cache: Arc::new(Mutex::new(HashMap::new())),
+            cache: Arc::new(Mutex::new(HashCache::default())),
         }
     }
 
@@ -213,12 +276,16 @@ impl RocksFormat {
     /// The blake3 this format knows for file `name` of `size` bytes written
     /// by store incarnation `incarnation`, if any.
     pub fn known_hash(&self, incarnation: uuid::Uuid, name: &str, size: u64) -> Option<BlobHash> {
-        self.lock_cache()
-            .get(&(incarnation, name.to_owned(), size))
-            .copied()
+        self.lock_cache().get(incarnation, name, size)
     }
 
-    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, BlobHash>> {
+    /// How many store incarnations the file-hash cache holds (at most
+    /// [`HASH_CACHE_INCARNATIONS`]).
+    pub fn cached_incarnations(&self) -> usize {
+        self.lock_cache().incarnations()
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashCache> {
         match self.cache.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -244,12 +311,14 @@ impl RocksFormat {
         (opts, cfs)
     }
 
-    /// Reads offset and statistics from a checkpoint, opened read-only.
-    fn read_checkpoint(&self, dir: &Path) -> Result<(Option<u64>, u64, u64)> {
+    /// Reads offset, binding and statistics from a checkpoint, opened
+    /// read-only.
+    fn read_checkpoint(&self, dir: &Path) -> Result<CheckpointInfo> {
         let (opts, cfs) = self.cf_descriptors();
         let db = DB::open_cf_descriptors_read_only(&opts, dir, cfs, false)
             .map_err(|e| rocks_error("open checkpoint read-only", dir, e))?;
         let offset = read_applied_offset(&db, dir)?;
+        let binding = read_binding(&db, dir)?;
         let cf = db
             .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
             .ok_or_else(|| {
@@ -266,14 +335,22 @@ impl RocksFormat {
         };
         let keys = prop("rocksdb.estimate-num-keys")?;
         let bytes = prop("rocksdb.estimate-live-data-size")?;
-        Ok((offset, keys, bytes))
+        Ok(CheckpointInfo {
+            offset,
+            binding,
+            keys,
+            bytes,
+        })
     }
 
     fn seed_cache(&self, incarnation: uuid::Uuid, files: &[FileEntry]) {
-        let mut c = self.lock_cache();
-        for f in files.iter().filter(|f| is_immutable(&f.path)) {
-            c.insert((incarnation, f.path.clone(), f.size), f.blake3);
-        }
+        self.lock_cache().replace(
+            incarnation,
+            files
+                .iter()
+                .filter(|f| is_immutable(&f.path))
+                .map(|f| (f.path.clone(), f.size, f.blake3)),
+        );
     }
 
     /// Moves `staging` over `target`, opens the store and checks its offset;
@@ -281,7 +358,10 @@ impl RocksFormat {
     fn install(&self, staging: &Path, target: &Path, manifest: &Manifest) -> Result<RocksStore> {
         swap_into_place(staging, target, |target| {
             use crate::store::StateStore;
-            let store = RocksStore::open(target, &self.options)?;
+            let mut store = RocksStore::open(target, &self.options)?;
+            // A checkpoint of a bound store carries its binding; one taken
+            // before bindings existed is bound here, from the manifest.
+            crate::store::bind_restored(&mut store, &manifest.changelog.binding())?;
             let applied = store.applied_offset()?;
             if applied != Some(manifest.changelog.offset) {
                 return Err(Error::corrupt(format!(
@@ -373,6 +453,7 @@ impl StoreFormat for RocksFormat {
             dir,
             files: Vec::new(),
             offset: None,
+            binding: None,
             keys: 0,
             logical_bytes: 0,
             incarnation: store.incarnation(),
@@ -395,15 +476,20 @@ impl StoreFormat for RocksFormat {
             }
         }
         cut.files.sort();
-        let (offset, keys, bytes) = self.read_checkpoint(&cut.dir)?;
-        cut.offset = offset;
-        cut.keys = keys;
-        cut.logical_bytes = bytes;
+        let info = self.read_checkpoint(&cut.dir)?;
+        cut.offset = info.offset;
+        cut.binding = info.binding;
+        cut.keys = info.keys;
+        cut.logical_bytes = info.bytes;
         Ok(cut)
     }
 
     fn cut_offset(&self, cut: &RocksCut) -> Option<u64> {
         cut.offset
+    }
+
+    fn cut_binding(&self, cut: &RocksCut) -> Option<ChangelogBinding> {
+        cut.binding.clone()
     }
 
     async fn write(&self, cut: RocksCut, ctx: WriteContext<'_>) -> Result<FormatOutput> {
@@ -416,15 +502,13 @@ impl StoreFormat for RocksFormat {
             parent_by_name.insert(f.path.as_str(), f);
         }
         let plans: Vec<(String, u64, Plan)> = {
-            let cache = self.lock_cache();
+            let mut cache = self.lock_cache();
             cut.files
                 .iter()
                 .map(|(name, size)| {
                     let plan = if !is_immutable(name) {
                         Plan::Upload
-                    } else if let Some(h) =
-                        cache.get(&(cut.incarnation, name.clone(), *size)).copied()
-                    {
+                    } else if let Some(h) = cache.get(cut.incarnation, name, *size) {
                         match parent_by_hash.get(&h) {
                             Some(p) if p.size == *size => Plan::Reuse(FileEntry {
                                 path: name.clone(),
@@ -452,8 +536,18 @@ impl StoreFormat for RocksFormat {
                 let upload = |local: PathBuf| async move {
                     repo.put_blob_file(sk, &local).await.map(Done::Stored)
                 };
+                // A parent's blob is reused only if it is still there: gc
+                // may have swept it since (a retried snapshot re-uploads it
+                // from the checkpoint instead of failing its commit again).
+                let present = |e: FileEntry| async move {
+                    let ok = repo.blobs_present(sk, std::slice::from_ref(&e)).await?;
+                    Ok::<_, Error>(ok.then_some(e))
+                };
                 let done = match plan {
-                    Plan::Reuse(e) => Done::Reused(e),
+                    Plan::Reuse(e) => match present(e).await? {
+                        Some(e) => Done::Reused(e),
+                        None => upload(local).await?,
+                    },
                     Plan::Known(hash) => match repo.head_blob(sk, &hash).await? {
                         Some(info) if info.size == size => Done::Stored(PutOutcome {
                             blob: BlobRef { hash, size },
@@ -463,14 +557,17 @@ impl StoreFormat for RocksFormat {
                     },
                     Plan::CompareLocal(p) => {
                         let h = hash_file_async(local.clone()).await?;
-                        if h == p.blake3 {
-                            Done::Reused(FileEntry {
-                                path: name.clone(),
-                                size,
-                                blake3: h,
-                            })
-                        } else {
-                            upload(local).await?
+                        let same = FileEntry {
+                            path: name.clone(),
+                            size,
+                            blake3: h,
+                        };
+                        match (h == p.blake3).then_some(same) {
+                            Some(e) => match present(e).await? {
+                                Some(e) => Done::Reused(e),
+                                None => upload(local).await?,
+                            },
+                            None => upload(local).await?,
                         }
                     }
                     Plan::Upload => upload(local).await?,
@@ -500,15 +597,13 @@ impl StoreFormat for RocksFormat {
         {
             // Remember this incarnation's hashes for the next snapshot; forget
             // its files that are gone (compacted away).
-            let mut cache = self.lock_cache();
-            let current: HashSet<(&str, u64)> =
-                hashes.iter().map(|e| (e.path.as_str(), e.size)).collect();
-            cache.retain(|(inc, name, size), _| {
-                *inc != cut.incarnation || current.contains(&(name.as_str(), *size))
-            });
-            for e in hashes.iter().filter(|e| is_immutable(&e.path)) {
-                cache.insert((cut.incarnation, e.path.clone(), e.size), e.blake3);
-            }
+            self.lock_cache().replace(
+                cut.incarnation,
+                hashes
+                    .iter()
+                    .filter(|e| is_immutable(&e.path))
+                    .map(|e| (e.path.clone(), e.size, e.blake3)),
+            );
         }
         let stats = SnapshotStats {
             keys: cut.keys,
@@ -545,6 +640,7 @@ impl StoreFormat for RocksFormat {
         let repo = ctx.repo;
         let sk = &manifest.store_key;
         let target = ctx.target.to_path_buf();
+        check_replaceable(&target)?;
         self.clean_leftovers(&target)?;
         let (staging, mut guard) = new_restore_staging(&target)?;
         std::fs::create_dir(&staging)
@@ -556,8 +652,11 @@ impl StoreFormat for RocksFormat {
         for f in &manifest.files {
             let dest = Manifest::file_path_within(&staging, &f.path)?;
             let local = Manifest::file_path_within(&target, &f.path)?;
+            // `symlink_metadata`: a symlink in the old store is never followed
+            // (its target could be anything, anywhere) nor carried over.
             let same_size = is_immutable(&f.path)
-                && std::fs::metadata(&local).is_ok_and(|m| m.is_file() && m.len() == f.size);
+                && std::fs::symlink_metadata(&local)
+                    .is_ok_and(|m| m.is_file() && m.len() == f.size);
             if same_size {
                 candidates.push((f.clone(), local, dest));
             } else {
@@ -588,6 +687,7 @@ impl StoreFormat for RocksFormat {
             download_one(repo, sk, id, f, dest)
         })
         .await?;
+        write_marker(&staging)?;
         // Every file is fsynced by the download; the directory entries too.
         sync_dir(&staging)?;
 
@@ -604,6 +704,7 @@ impl StoreFormat for RocksFormat {
     }
 
     fn create_empty(&self, target: &Path) -> Result<RocksStore> {
+        check_replaceable(target)?;
         self.clean_leftovers(target)?;
         remove_path(target).map_err(|e| io_err("remove existing store", target, e))?;
         let store = RocksStore::open(target, &self.options)?;
@@ -611,5 +712,38 @@ impl StoreFormat for RocksFormat {
             sync_dir(&parent)?;
         }
         Ok(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Defect 9: the cache grew with every restore of a long-running
+    /// process (each restore is a new incarnation).
+    #[test]
+    fn hash_cache_is_bounded_and_evicts_the_least_recently_used() {
+        let mut c = HashCache::default();
+        let h = BlobHash::from(blake3::hash(b"x"));
+        let first = uuid::Uuid::new_v4();
+        c.replace(first, std::iter::once(("1.sst".to_string(), 1, h)));
+        let mut last = first;
+        for i in 0..(HASH_CACHE_INCARNATIONS * 3) {
+            let inc = uuid::Uuid::new_v4();
+            c.replace(inc, std::iter::once((format!("{i}.sst"), 1, h)));
+            // Keep `first` in use: it must survive the churn.
+            assert_eq!(c.get(first, "1.sst", 1), Some(h));
+            last = inc;
+        }
+        assert_eq!(c.incarnations(), HASH_CACHE_INCARNATIONS);
+        assert_eq!(c.order.len(), HASH_CACHE_INCARNATIONS);
+        assert!(
+            c.get(last, &format!("{}.sst", HASH_CACHE_INCARNATIONS * 3 - 1), 1)
+                .is_some()
+        );
+        // Replacing an incarnation forgets its files that are gone.
+        c.replace(first, std::iter::once(("2.sst".to_string(), 1, h)));
+        assert_eq!(c.get(first, "1.sst", 1), None);
+        assert_eq!(c.get(first, "2.sst", 1), Some(h));
     }
 }

@@ -19,9 +19,60 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::{Error, Result};
+pub(crate) use crate::store::{STORE_MARKER, mark_store_dir as write_marker};
 
 pub(crate) const RESTORE_MARK: &str = ".statesnap-restore-";
 pub(crate) const OLD_MARK: &str = ".statesnap-old-";
+/// Why `target` must not be replaced (or emptied) by a restore, if so:
+/// a symlink (never followed: the restore would write or delete through
+/// it), a mount point (it cannot be renamed, and emptying it is not ours to
+/// do), a file, or a non-empty directory without the store marker (it is
+/// not a store this library made: it could be anything of the user's).
+pub(crate) fn check_replaceable(target: &Path) -> Result<()> {
+    let m = match std::fs::symlink_metadata(target) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("inspect restore target", target, e)),
+    };
+    let refuse = |why: &str| {
+        Err(Error::config(format!(
+            "refusing to replace restore target path=`{}`: {why}",
+            target.display()
+        )))
+    };
+    if m.file_type().is_symlink() {
+        return refuse(
+            "it is a symbolic link; restore into the real directory it points to, or remove the link",
+        );
+    }
+    if !m.is_dir() {
+        return refuse("it is not a directory; move it away or choose another target");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (parent, _) = split_target(target)?;
+        if let Ok(pm) = std::fs::metadata(&parent)
+            && pm.dev() != m.dev()
+        {
+            return refuse(
+                "it is a mount point; restore into a directory inside it (e.g. `<mount>/store`)",
+            );
+        }
+    }
+    if std::fs::symlink_metadata(target.join(STORE_MARKER)).is_ok_and(|m| m.is_file()) {
+        return Ok(());
+    }
+    let mut entries =
+        std::fs::read_dir(target).map_err(|e| io_err("list restore target", target, e))?;
+    if entries.next().is_none() {
+        return Ok(());
+    }
+    refuse(&format!(
+        "it is a non-empty directory that is not a statesnap store (no `{STORE_MARKER}` file); \
+         move its contents away, or adopt it with RestoreOptions::replace_unmarked (CLI: --force)"
+    ))
+}
 
 /// Paths in use by this process (live checkpoints, restores in flight):
 /// leftover cleanup never touches them.

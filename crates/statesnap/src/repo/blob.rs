@@ -306,6 +306,27 @@ impl Repository {
         self.head_key(&paths::blob(sk, hash)).await
     }
 
+    /// Whether every blob `files` name is present with its size, so a new
+    /// snapshot may name them without uploading them again. A writer asks
+    /// this before it reuses a parent's files: a blob gc swept since the
+    /// parent was committed must be uploaded again from the cut, or every
+    /// retry of the snapshot would fail its commit the same way.
+    pub async fn blobs_present(&self, sk: &StoreKey, files: &[super::FileEntry]) -> Result<bool> {
+        let wanted: Vec<(BlobHash, u64)> = files.iter().map(|f| (f.blake3, f.size)).collect();
+        let found: Vec<bool> = futures::stream::iter(wanted)
+            .map(|(hash, size)| async move {
+                Ok::<_, Error>(
+                    self.head_blob(sk, &hash)
+                        .await?
+                        .is_some_and(|i| i.size == size),
+                )
+            })
+            .buffer_unordered(self.transfer.parallelism.max(1))
+            .try_collect()
+            .await?;
+        Ok(found.into_iter().all(|b| b))
+    }
+
     /// Opens blob `blob` for verified streaming reads.
     pub async fn open_blob(&self, sk: &StoreKey, blob: &BlobRef) -> Result<BlobReader> {
         let key = paths::blob(sk, &blob.hash);

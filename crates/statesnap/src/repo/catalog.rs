@@ -75,6 +75,10 @@ pub struct ManifestKey {
     pub key: Path,
 }
 
+/// Largest manifest a reader accepts: a manifest names each file in about
+/// 150 bytes, so this allows ~400 000 files, far beyond any store.
+pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
 impl Repository {
     /// Lists manifest keys of `sk` without reading them, sorted by
     /// `(offset, id)`; objects under `manifests/` that are not manifest keys
@@ -110,13 +114,21 @@ impl Repository {
         Ok((keys, foreign))
     }
 
-    /// Reads and verifies one manifest.
+    /// Reads and verifies one manifest. A manifest larger than
+    /// [`MAX_MANIFEST_BYTES`] is refused as corrupt before it is read.
     pub async fn read_manifest(&self, key: &Path) -> Result<Manifest> {
-        let bytes = self
+        let res = self
             .store
             .get(key)
             .await
-            .map_err(|e| map_store_error(e, &format!("cannot read manifest key=`{key}`")))?
+            .map_err(|e| map_store_error(e, &format!("cannot read manifest key=`{key}`")))?;
+        if res.meta.size > MAX_MANIFEST_BYTES {
+            return Err(Error::corrupt(format!(
+                "manifest is larger than any statesnap writes key=`{key}` size={} max={MAX_MANIFEST_BYTES}",
+                res.meta.size
+            )));
+        }
+        let bytes = res
             .bytes()
             .await
             .map_err(|e| map_store_error(e, &format!("cannot read manifest key=`{key}`")))?;

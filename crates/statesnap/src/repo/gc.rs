@@ -140,6 +140,11 @@ async fn read_records(
         if !matches!(paths::parse(&m.location), Some(ParsedKey::GcRecord(ref k, _)) if k == sk) {
             continue;
         }
+        if m.size > MAX_GC_RECORD_BYTES {
+            // Not something gc wrote: it condemns nothing; drop it.
+            bad.push(m.location);
+            continue;
+        }
         let bytes = match repo.store.get(&m.location).await {
             Ok(r) => r.bytes().await,
             Err(e) => Err(e),
@@ -185,6 +190,10 @@ async fn read_records(
     }
     Ok((good, bad))
 }
+
+/// Largest condemnation record gc reads (one names each condemned blob in
+/// about 100 bytes).
+const MAX_GC_RECORD_BYTES: u64 = 64 << 20;
 
 /// Blobs of `sk` under condemnation, with the earliest `condemned_at`. A
 /// record that cannot be parsed condemns nothing (no sweep can act on it).

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::path::{Component, PathBuf};
 
 use super::paths::{self, BlobHash, ManifestName, SnapshotId, StoreKey};
-use crate::changelog::Lineage;
+use crate::changelog::{ChangelogBinding, ChangelogId, Lineage};
 use crate::error::{Error, Result};
 
 /// The manifest format version this build writes and reads.
@@ -37,6 +37,19 @@ pub struct ChangelogPosition {
     pub offset: u64,
     /// The changelog incarnation the offset belongs to.
     pub lineage: Lineage,
+}
+
+impl ChangelogPosition {
+    /// The changelog incarnation a store restored from this snapshot follows.
+    pub fn binding(&self) -> ChangelogBinding {
+        ChangelogBinding {
+            changelog: ChangelogId {
+                topic: self.topic.clone(),
+                partition: self.partition,
+            },
+            lineage: self.lineage.clone(),
+        }
+    }
 }
 
 /// Which store format wrote the files, and its version.

@@ -28,6 +28,7 @@ pub mod gc;
 pub mod manifest;
 pub mod paths;
 pub mod retention;
+pub mod verify;
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
@@ -48,6 +49,7 @@ pub use manifest::{
 };
 pub use paths::{BlobHash, SnapshotId, StoreKey};
 pub use retention::{RetentionPlan, RetentionPolicy};
+pub use verify::{BadBlob, VerifyOptions, VerifyProgress, VerifyReport};
 
 /// The repository format version this build writes and reads.
 pub const REPOSITORY_FORMAT_VERSION: u64 = 1;

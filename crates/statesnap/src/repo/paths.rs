@@ -301,6 +301,8 @@ pub enum ParsedKey {
     Staging(StoreKey, ulid::Ulid),
     /// A gc condemnation record.
     GcRecord(StoreKey, ulid::Ulid),
+    /// A blob [`crate::repo::Repository::verify`] found bad and moved aside.
+    Quarantined(StoreKey, BlobHash, ulid::Ulid),
 }
 
 /// `statesnap.json`.
@@ -362,6 +364,12 @@ pub fn gc_record(sk: &StoreKey, id: ulid::Ulid) -> Path {
     Path::from(format!("{STORES}/{sk}/gc/{id}.json"))
 }
 
+/// `stores/<sk>/quarantine/<hex>-<ulid>`: a bad blob moved out of the blob
+/// space, kept for inspection (gc leaves it alone).
+pub fn quarantine(sk: &StoreKey, hash: &BlobHash, id: ulid::Ulid) -> Path {
+    Path::from(format!("{STORES}/{sk}/quarantine/{}-{id}", hash.to_hex()))
+}
+
 fn parse_ulid(s: &str) -> Option<ulid::Ulid> {
     SnapshotId::parse(s).map(|id| id.0)
 }
@@ -402,6 +410,14 @@ pub fn parse(key: &Path) -> Option<ParsedKey> {
         [STORES, sk, "gc", file] => {
             let id = parse_ulid(file.strip_suffix(".json")?)?;
             Some(ParsedKey::GcRecord(StoreKey::parse(sk)?, id))
+        }
+        [STORES, sk, "quarantine", file] => {
+            let (hex, id) = file.split_once('-')?;
+            Some(ParsedKey::Quarantined(
+                StoreKey::parse(sk)?,
+                BlobHash::parse(hex)?,
+                parse_ulid(id)?,
+            ))
         }
         _ => None,
     }
@@ -457,6 +473,17 @@ mod tests {
             let key = blob(&sk, &hash);
             prop_assert_eq!(parse_blob(&key), Some((sk.clone(), hash)));
             prop_assert_eq!(parse(&key), Some(ParsedKey::Blob(sk, hash)));
+        }
+
+        #[test]
+        fn quarantine_key_round_trips(ms in 0u64..(1u64 << 48), r in any::<u128>(), h in any::<[u8; 32]>()) {
+            let sk = StoreKey::new("a", "b", 0).unwrap();
+            let id = ulid::Ulid::from_parts(ms, r);
+            let hash = BlobHash(h);
+            prop_assert_eq!(
+                parse(&quarantine(&sk, &hash, id)),
+                Some(ParsedKey::Quarantined(sk, hash, id))
+            );
         }
 
         #[test]

@@ -1,10 +1,20 @@
 //! Retention: which snapshots to keep. A pure function over a listing, with
 //! the time passed in (from the injected clock), so it is trivially testable.
 //!
-//! Rules, in order:
-//! 1. the newest valid snapshot (by `(offset, id)`) is always kept;
-//! 2. `keep_last = n` keeps the `n` newest;
-//! 3. `keep_newer_than = d` keeps every snapshot with `created_at >= now - d`;
+//! Retention decides **per lineage** (changelog incarnation). Offsets of
+//! different incarnations are not comparable: after a changelog is deleted
+//! and recreated, the dead incarnation's snapshots sit at higher offsets than
+//! the live one's, yet no restore can use them. The live lineage is the one
+//! the caller names ([`plan_for_lineage`]) or, in [`plan`], the lineage of
+//! the most recently *created* snapshot (a dead incarnation has no writer
+//! left to snapshot it). Rules, in order:
+//!
+//! 1. the newest snapshot of the live lineage (by `(offset, id)`) is always
+//!    kept;
+//! 2. `keep_last = n` keeps the `n` newest of the live lineage;
+//! 3. `keep_newer_than = d` keeps every snapshot, of any lineage, with
+//!    `created_at >= now - d` (a dead lineage's snapshots expire by age
+//!    alone, so a mistaken recreation can still be investigated for a while);
 //! 4. every snapshot a kept one `depends_on`, transitively, is kept.
 //!
 //! A policy with neither limit keeps everything. `parent` alone is not a
@@ -17,6 +27,7 @@ use std::time::Duration;
 
 use super::catalog::SnapshotInfo;
 use super::paths::SnapshotId;
+use crate::changelog::Lineage;
 
 /// What to keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,6 +59,9 @@ pub enum DropReason {
     /// Outside `keep_last` and older than `keep_newer_than`, and no kept
     /// snapshot depends on it.
     Expired,
+    /// Of a changelog incarnation that is not the live one, older than
+    /// `keep_newer_than`, and no kept snapshot depends on it.
+    DeadLineage,
 }
 
 /// The decision for one listing.
@@ -69,8 +83,24 @@ impl RetentionPlan {
     }
 }
 
-/// Decides what to keep among `snapshots` (any order) at time `now_ms`.
+/// Decides what to keep among `snapshots` (any order) at time `now_ms`,
+/// taking the lineage of the most recently created snapshot as the live one.
 pub fn plan(snapshots: &[SnapshotInfo], policy: &RetentionPolicy, now_ms: i64) -> RetentionPlan {
+    let live = snapshots
+        .iter()
+        .max_by_key(|s| (s.manifest.created_at, s.manifest.name()))
+        .map(|s| s.manifest.changelog.lineage.clone());
+    plan_for_lineage(snapshots, policy, now_ms, live.as_ref())
+}
+
+/// [`plan`] with the live lineage given (the changelog's current one):
+/// snapshots of any other lineage count for nothing but their age.
+pub fn plan_for_lineage(
+    snapshots: &[SnapshotInfo],
+    policy: &RetentionPolicy,
+    now_ms: i64,
+    live: Option<&Lineage>,
+) -> RetentionPlan {
     let mut sorted: Vec<&SnapshotInfo> = snapshots.iter().collect();
     sorted.sort_by_key(|s| std::cmp::Reverse(s.manifest.name()));
     let by_id: BTreeMap<SnapshotId, &SnapshotInfo> = sorted.iter().map(|s| (s.id(), *s)).collect();
@@ -79,12 +109,21 @@ pub fn plan(snapshots: &[SnapshotInfo], policy: &RetentionPolicy, now_ms: i64) -
     let cutoff = policy
         .keep_newer_than
         .map(|d| now_ms.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)));
-    for (i, s) in sorted.iter().enumerate() {
-        let reason = if i == 0 {
+    // Rank within the live lineage, newest first.
+    let mut live_rank = 0usize;
+    for s in &sorted {
+        let is_live = live.is_none_or(|l| s.manifest.changelog.lineage == *l);
+        let rank = if is_live {
+            live_rank += 1;
+            Some(live_rank - 1)
+        } else {
+            None
+        };
+        let reason = if rank == Some(0) {
             Some(KeepReason::Newest)
         } else if no_policy {
             Some(KeepReason::NoPolicy)
-        } else if policy.keep_last.is_some_and(|n| i < n) {
+        } else if rank.is_some_and(|i| policy.keep_last.is_some_and(|n| i < n)) {
             Some(KeepReason::KeepLast)
         } else if cutoff.is_some_and(|c| s.manifest.created_at >= c) {
             Some(KeepReason::NewerThan)
@@ -113,6 +152,9 @@ pub fn plan(snapshots: &[SnapshotInfo], policy: &RetentionPolicy, now_ms: i64) -
     for s in &sorted {
         match kept.get(&s.id()) {
             Some(r) => out.keep.push((s.id(), *r)),
+            None if live.is_some_and(|l| s.manifest.changelog.lineage != *l) => {
+                out.drop.push((s.id(), DropReason::DeadLineage));
+            }
             None => out.drop.push((s.id(), DropReason::Expired)),
         }
     }

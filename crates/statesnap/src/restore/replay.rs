@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::changelog::{Changelog, Record};
+use crate::changelog::{Changelog, ChangelogBinding, Record};
 use crate::error::{Error, Result};
-use crate::store::StateStore;
+use crate::store::{StateStore, ensure_follows};
 
 /// How to replay.
 #[derive(Debug, Clone)]
@@ -68,7 +68,9 @@ impl ReplayReport {
 /// Replays `changelog` into `store` from `store.applied_offset() + 1` up to
 /// the changelog's end offset at the time of the call.
 ///
-/// Refuses (kind `stale`) a store that is ahead of its changelog (the log was
+/// Refuses (kind `stale`) a store that follows another changelog or an
+/// earlier incarnation of this one (see [`ensure_follows`]; a new store is
+/// bound to this changelog), a store that is ahead of its changelog (the log was
 /// recreated or truncated: the store must be rebuilt from scratch) and a store
 /// whose position lies below the changelog's [`Horizon`](crate::changelog::Horizon)
 /// (compaction may have purged deletes it has not seen; invariant 7). The
@@ -87,6 +89,8 @@ where
     C: Changelog + ?Sized,
 {
     let started = Instant::now();
+    // Invariant 10: an offset means something only in its own incarnation.
+    ensure_follows(store, &ChangelogBinding::of(changelog)?)?;
     let applied = store.applied_offset()?;
     let end = changelog.end_offset()?;
     let from = applied.map_or(0, |o| o.saturating_add(1));

@@ -5,11 +5,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::replay::{ReplayOptions, ReplayReport, replay};
-use crate::changelog::Changelog;
+use crate::changelog::{Changelog, ChangelogBinding};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{RestoreContext, RestoreStats, StoreFormat};
 use crate::repo::{Repository, SnapshotId, SnapshotInfo, StoreKey, UnreadableManifest};
-use crate::store::StateStore;
+use crate::store::{StateStore, bind_restored};
 
 /// Why a snapshot was not used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +50,12 @@ pub struct RestoreOptions {
     pub replay: ReplayOptions,
     /// Ignore snapshots and rebuild by full replay.
     pub full_replay: bool,
+    /// Replace the target even if it is a non-empty directory that is not a
+    /// statesnap store (it has no [`crate::store::STORE_MARKER`]): its
+    /// contents are deleted. Off by default: a restore refuses (`config`)
+    /// such a target rather than wipe what may be the user's files. Symlinks
+    /// and mount points are refused either way.
+    pub replace_unmarked: bool,
 }
 
 /// Why `snapshot` cannot be used with `changelog`, if it cannot.
@@ -115,6 +121,10 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
     target: &Path,
     options: &RestoreOptions,
 ) -> Result<(F::Store, RestoreReport)> {
+    if options.replace_unmarked && std::fs::symlink_metadata(target).is_ok_and(|m| m.is_dir()) {
+        // The caller adopts the directory: from now on it is a store.
+        crate::store::mark_store_dir(target)?;
+    }
     let listing = if options.full_replay {
         Default::default()
     } else {
@@ -166,6 +176,12 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
             )
         }
     };
+    let binding = ChangelogBinding::of(changelog)?;
+    if snapshot_offset.is_some() {
+        // The format bound it from the manifest, which check_usable matched
+        // against this changelog; a custom format may not have.
+        bind_restored(&mut store, &binding)?;
+    }
     if let Some(o) = snapshot_offset {
         let applied = store.applied_offset()?;
         if applied != Some(o) {

@@ -1,64 +1,101 @@
 //! Taking snapshots: capture on the caller's thread, write and commit in the
 //! background.
 
-use crate::changelog::{ChangelogId, Lineage};
+use crate::changelog::{Changelog, ChangelogBinding};
 use crate::error::{Error, Result};
 use crate::format::{StoreFormat, WriteContext};
 use crate::repo::{ChangelogPosition, Manifest, ManifestDraft, Repository, StoreKey};
 
-/// Where a snapshot goes and what it belongs to.
-#[derive(Debug, Clone)]
-pub struct SnapshotTarget {
-    /// Which store partition in the repository.
-    pub store_key: StoreKey,
-    /// The changelog the store follows.
-    pub changelog: ChangelogId,
-    /// The changelog's current incarnation.
-    pub lineage: Lineage,
-}
-
-/// Writes `cut` with `format` and commits its manifest. `parent` is the
-/// previous snapshot whose blobs may be reused; it is ignored unless it has
-/// the same format name and lineage and an offset not after the cut's.
+/// Writes `cut` with `format` and commits its manifest for store partition
+/// `store_key`, tagged with `changelog`'s id, lineage and the cut's offset.
+/// `parent` is the previous snapshot whose blobs may be reused; it is
+/// ignored unless it has the same store key, format name and lineage and an
+/// offset not after the cut's.
 ///
-/// Fails (kind `config`) for a cut of a store that has applied nothing.
-pub async fn commit_snapshot<F: StoreFormat>(
+/// Before the manifest is committed, the changelog is flushed (design
+/// invariant 11): a snapshot never covers records the log has not made
+/// durable, so a power loss that cuts the log's unsynced tail cannot leave a
+/// snapshot holding records at offsets the log will hand out again.
+///
+/// Fails (kind `config`) for a cut of a store that has applied nothing, and
+/// (kind `stale`) for a cut ahead of the changelog, or when the changelog's
+/// lineage changed while the snapshot was written (it was recreated).
+pub async fn commit_snapshot<F: StoreFormat, C: Changelog + ?Sized>(
     format: &F,
     cut: F::Cut,
     repo: &Repository,
-    target: &SnapshotTarget,
+    store_key: &StoreKey,
+    changelog: &C,
     parent: Option<&Manifest>,
 ) -> Result<Manifest> {
     let Some(offset) = format.cut_offset(&cut) else {
         return Err(Error::config(format!(
-            "nothing to snapshot: the store has applied no changelog record store_key=`{}`",
-            target.store_key
+            "nothing to snapshot: the store has applied no changelog record store_key=`{store_key}`"
         )));
     };
+    let binding = ChangelogBinding::of(changelog)?;
+    // The cut says which incarnation its offset belongs to (invariant 10):
+    // a cut of a store that follows another log must not be tagged with
+    // this one's id and lineage.
+    match format.cut_binding(&cut) {
+        Some(b) if b == binding => {}
+        Some(b) => {
+            return Err(Error::stale(format!(
+                "the cut follows another changelog than the one given store_key=`{store_key}` \
+                 cut_follows=`{b}` changelog=`{binding}`; snapshot a store with its own changelog"
+            )));
+        }
+        None => {
+            return Err(Error::stale(format!(
+                "the cut's store records no changelog binding store_key=`{store_key}` \
+                 changelog=`{binding}`; open the store through LoggedStore (or bind it with \
+                 store::ensure_follows before its first write) so its offset can be trusted"
+            )));
+        }
+    }
+    let end = changelog.end_offset()?;
+    if offset >= end {
+        return Err(Error::stale(format!(
+            "the cut is ahead of its changelog store_key=`{store_key}` changelog=`{binding}` \
+             cut_offset={offset} end_offset={end}; the store does not follow this changelog"
+        )));
+    }
     let fid = format.id();
     let parent = parent.filter(|p| {
         p.store_format.name == fid.name
-            && p.changelog.lineage == target.lineage
+            && p.changelog.lineage == binding.lineage
             && p.changelog.offset <= offset
-            && p.store_key == target.store_key
+            && &p.store_key == store_key
     });
     let out = format
         .write(
             cut,
             WriteContext {
                 repo,
-                store_key: &target.store_key,
+                store_key,
                 parent,
             },
         )
         .await?;
+    // Durability: everything up to the cut's offset is on disk (file log:
+    // fsync; Kafka: acknowledged by all in-sync replicas) before a manifest
+    // can name that offset.
+    changelog.flush()?;
+    let now = changelog.lineage()?;
+    if now != binding.lineage {
+        return Err(Error::stale(format!(
+            "the changelog was recreated while the snapshot was written store_key=`{store_key}` \
+             changelog=`{}` lineage_before=`{}` lineage_now=`{now}`; nothing was committed",
+            binding.changelog, binding.lineage
+        )));
+    }
     let draft = ManifestDraft {
-        store_key: target.store_key.clone(),
+        store_key: store_key.clone(),
         changelog: ChangelogPosition {
-            topic: target.changelog.topic.clone(),
-            partition: target.changelog.partition,
+            topic: binding.changelog.topic,
+            partition: binding.changelog.partition,
             offset,
-            lineage: target.lineage.clone(),
+            lineage: binding.lineage,
         },
         store_format: fid,
         parent: parent.map(|p| p.snapshot_id),

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::iter::Peekable;
 use std::ops::Bound;
 
-use super::{KeyValue, KvIter, StateStore};
-use crate::changelog::{Changelog, Record};
+use super::{KeyValue, KvIter, StateStore, ensure_follows};
+use crate::changelog::{Changelog, ChangelogBinding, Record};
 use crate::error::{Error, Result};
 use crate::restore::{ReplayOptions, ReplayProgress, ReplayReport, replay};
 
@@ -29,6 +29,9 @@ pub struct LoggedStore<S, C> {
     /// changelog all the same. The next commit replays them first, so the
     /// store never applies a later offset without them.
     unsure: bool,
+    /// Set when the changelog handed out offsets the store had already
+    /// applied: the log lost records the store holds. Permanent.
+    broken: Option<String>,
 }
 
 /// What a [`LoggedStore::commit`] wrote.
@@ -43,10 +46,18 @@ pub struct CommitInfo {
 }
 
 impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
-    /// Wraps `store` and `changelog`. Fails (kind `stale`) if the store is
-    /// ahead of the changelog, which means it followed another log. The store
-    /// may be behind; call [`LoggedStore::catch_up`] before serving reads.
-    pub fn new(store: S, changelog: C) -> Result<Self> {
+    /// Wraps `store` and `changelog`.
+    ///
+    /// Fails (kind `stale`) if the store follows another changelog or an
+    /// earlier incarnation of this one, or records no binding although it
+    /// has applied records (see [`ensure_follows`]); a new store is bound to
+    /// `changelog` here. Fails too if the store is ahead of the changelog
+    /// (the log lost records the store applied). The store may be behind:
+    /// call [`LoggedStore::catch_up`] before serving reads. A commit on a
+    /// store that is behind first applies the records it missed, so it can
+    /// never claim offsets it did not apply.
+    pub fn new(mut store: S, changelog: C) -> Result<Self> {
+        ensure_follows(&mut store, &ChangelogBinding::of(&changelog)?)?;
         let applied = store.applied_offset()?;
         let end = changelog.end_offset()?;
         if let Some(a) = applied
@@ -54,7 +65,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
         {
             return Err(Error::stale(format!(
                 "store is ahead of its changelog changelog=`{}` applied_offset={a} end_offset={end}; \
-                     the changelog was recreated or truncated — delete the store and replay from scratch",
+                     the changelog lost records the store applied — delete the store and restore or replay it",
                 changelog.id()
             )));
         }
@@ -64,6 +75,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             pending: BTreeMap::new(),
             behind: false,
             unsure: false,
+            broken: None,
         })
     }
 
@@ -78,6 +90,9 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
         options: &ReplayOptions,
         progress: &mut dyn FnMut(&ReplayProgress),
     ) -> Result<ReplayReport> {
+        if let Some(msg) = &self.broken {
+            return Err(Error::stale(msg.clone()));
+        }
         let report = replay(&mut self.store, &self.changelog, options, progress)?;
         self.behind = false;
         self.unsure = false;
@@ -141,6 +156,14 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
     /// succeeds but the store write fails, the writes are durable in the
     /// changelog; the store is behind, and every later call fails until
     /// [`LoggedStore::catch_up`] has run.
+    ///
+    /// The store's offset moves only over offsets it applied (design
+    /// invariant 9): the batch must land exactly at the offset after the
+    /// store's. If the changelog holds records in between (the store was not
+    /// caught up, or another writer appended), they are replayed — in order,
+    /// with this batch — before the commit returns. If the changelog gives
+    /// the batch offsets the store already applied (it lost records), the
+    /// commit fails `stale` and this `LoggedStore` refuses every later call.
     pub fn commit(&mut self) -> Result<Option<CommitInfo>> {
         self.check_not_behind()?;
         if self.unsure {
@@ -164,6 +187,11 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
                 value: v.clone(),
             })
             .collect();
+        // The offset the batch must start at for the store to stay exact.
+        let expected = self
+            .store
+            .applied_offset()?
+            .map_or(0, |o| o.saturating_add(1));
         // Invariant 1: the changelog first.
         let offsets = match self.changelog.append(&records) {
             Ok(o) => o,
@@ -180,18 +208,59 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             )));
         };
         self.pending.clear();
+        let info = CommitInfo {
+            records: records.len(),
+            first_offset,
+            last_offset,
+        };
+        if first_offset < expected {
+            // The log gave this batch offsets the store already applied
+            // other records at: it lost them (a torn tail cut after a power
+            // loss, a truncated or recreated log). No replay can fix that.
+            let msg = format!(
+                "the changelog handed out offsets the store had already applied changelog=`{}` \
+                 first_offset={first_offset} expected={expected}; the log lost records the store \
+                 holds: delete the store and restore or replay it",
+                self.changelog.id()
+            );
+            self.broken = Some(msg.clone());
+            return Err(Error::stale(msg));
+        }
+        if first_offset > expected {
+            // Records between the store's offset and this batch: another
+            // writer's, a failed append's partial records, or a store that
+            // was never caught up. Applying the batch at its own offset would
+            // claim them unapplied (invariant 9), so replay the whole tail —
+            // which holds this batch too — in order instead.
+            tracing::warn!(
+                changelog = %self.changelog.id(),
+                expected,
+                first_offset,
+                "commit found changelog records the store had not applied; replaying them first \
+                 (is another writer appending to this changelog?)"
+            );
+            if let Err(e) = replay(
+                &mut self.store,
+                &self.changelog,
+                &ReplayOptions::default(),
+                &mut |_| {},
+            ) {
+                self.behind = true;
+                return Err(e);
+            }
+            return Ok(Some(info));
+        }
         if let Err(e) = self.store.apply(&records, last_offset) {
             self.behind = true;
             return Err(e);
         }
-        Ok(Some(CommitInfo {
-            records: records.len(),
-            first_offset,
-            last_offset,
-        }))
+        Ok(Some(info))
     }
 
     fn check_not_behind(&self) -> Result<()> {
+        if let Some(msg) = &self.broken {
+            return Err(Error::stale(msg.clone()));
+        }
         if self.behind {
             return Err(Error::stale(format!(
                 "store missed a committed batch after a store write failed changelog=`{}`; call catch_up() first",

@@ -11,7 +11,7 @@ use imbl::OrdMap;
 use std::ops::Bound;
 
 use super::{KvIter, SizeEstimate, StateStore};
-use crate::changelog::Record;
+use crate::changelog::{ChangelogBinding, Record};
 use crate::error::Result;
 
 /// An in-memory [`StateStore`].
@@ -21,6 +21,8 @@ pub struct MemoryStore {
     applied_offset: Option<u64>,
     /// Sum of key and value lengths of live entries.
     bytes: u64,
+    /// The changelog incarnation the offset belongs to.
+    binding: Option<ChangelogBinding>,
 }
 
 /// A consistent, immutable cut of a [`MemoryStore`]: its contents and the
@@ -33,6 +35,8 @@ pub struct MemoryCut {
     pub applied_offset: Option<u64>,
     /// Logical bytes (keys + values) at the cut.
     pub bytes: u64,
+    /// The changelog incarnation the offset belongs to.
+    pub binding: Option<ChangelogBinding>,
 }
 
 impl MemoryStore {
@@ -47,6 +51,7 @@ impl MemoryStore {
             map: cut.map,
             applied_offset: cut.applied_offset,
             bytes: cut.bytes,
+            binding: cut.binding,
         }
     }
 
@@ -56,6 +61,7 @@ impl MemoryStore {
             map: self.map.clone(),
             applied_offset: self.applied_offset,
             bytes: self.bytes,
+            binding: self.binding.clone(),
         }
     }
 
@@ -119,6 +125,17 @@ impl StateStore for MemoryStore {
             keys: self.map.len() as u64,
             bytes: self.bytes,
         })
+    }
+
+    fn binding(&self) -> Result<Option<ChangelogBinding>> {
+        Ok(self.binding.clone())
+    }
+
+    fn bind(&mut self, binding: &ChangelogBinding) -> Result<()> {
+        if super::check_rebind(self.binding.as_ref(), binding)? {
+            self.binding = Some(binding.clone());
+        }
+        Ok(())
     }
 }
 

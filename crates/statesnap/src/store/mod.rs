@@ -4,7 +4,10 @@
 //! [`StateStoreExt::prefix`] live in an extension trait with a blanket impl.
 //! Every store records the changelog offset it has applied atomically with the
 //! data (design invariant 2), so after any crash its contents equal the
-//! changelog prefix `[0, applied_offset]`.
+//! changelog prefix `[0, applied_offset]`. Every store also records which
+//! changelog incarnation it follows ([`ChangelogBinding`], invariant 10),
+//! durably and before its first record, so an offset is never read against
+//! another log; [`ensure_follows`] is the one check every caller makes.
 
 pub mod logged;
 pub mod memory;
@@ -14,8 +17,8 @@ pub mod rocks;
 use bytes::Bytes;
 use std::ops::Bound;
 
-use crate::changelog::Record;
-use crate::error::Result;
+use crate::changelog::{ChangelogBinding, Record};
+use crate::error::{Error, Result};
 
 /// A key-value pair as returned by iteration.
 pub type KeyValue = (Bytes, Bytes);
@@ -59,6 +62,106 @@ pub trait StateStore: Send {
 
     /// Approximate number of keys and bytes.
     fn approximate_size(&self) -> Result<SizeEstimate>;
+
+    /// The changelog incarnation this store follows, or `None` if it was
+    /// never bound (a new, empty store).
+    fn binding(&self) -> Result<Option<ChangelogBinding>>;
+
+    /// Records durably that this store follows `binding`, before the first
+    /// [`StateStore::apply`] (or, for a restore, before the store is used).
+    /// After a crash a store must never show an `applied_offset` without the
+    /// binding it was applied under: write the binding first (and durably),
+    /// or in the same atomic step as the data. Binding a store again to the
+    /// same value is a no-op; to another value, an error (kind `stale`).
+    /// Callers use [`ensure_follows`] rather than calling this directly.
+    fn bind(&mut self, binding: &ChangelogBinding) -> Result<()>;
+}
+
+/// The file that marks a directory as a store this library made. A restore
+/// (or `create_empty`) replaces only an absent path, an empty directory, or
+/// a directory holding it; stores the library creates on disk carry it.
+pub const STORE_MARKER: &str = ".statesnap-store";
+
+/// Marks `dir` (a store directory) as one restores may replace. Idempotent.
+/// Stores made by this library are marked already; call it to let a restore
+/// replace a directory of your own.
+pub fn mark_store_dir(dir: &std::path::Path) -> Result<()> {
+    let p = dir.join(STORE_MARKER);
+    if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
+        return Ok(());
+    }
+    std::fs::write(
+        &p,
+        b"a statesnap store: restores may replace this directory\n",
+    )
+    .map_err(|e| {
+        Error::io(
+            format!("cannot write store marker path=`{}`", p.display()),
+            e,
+        )
+    })
+}
+
+/// Checks that `store` follows `expected` (design invariant 10), binding a
+/// store that has never applied anything.
+///
+/// Fails with kind `stale` when the store follows another changelog or an
+/// earlier incarnation of this one (the log was deleted and recreated), or
+/// when it has applied records but records no binding at all (written by a
+/// store implementation that did not record it): such a store cannot be
+/// caught up exactly, so it must be restored again or rebuilt.
+pub fn ensure_follows<S: StateStore + ?Sized>(
+    store: &mut S,
+    expected: &ChangelogBinding,
+) -> Result<()> {
+    match store.binding()? {
+        Some(b) if &b == expected => Ok(()),
+        Some(b) => Err(Error::stale(format!(
+            "store follows another changelog store_follows=`{b}` changelog=`{expected}`; the \
+             changelog was recreated or the store belongs elsewhere: delete the store and restore \
+             it (restore_store replaces it) or rebuild it by full replay"
+        ))),
+        None => match store.applied_offset()? {
+            None => store.bind(expected),
+            Some(o) => Err(Error::stale(format!(
+                "store has applied records but does not record which changelog it follows \
+                 applied_offset={o} changelog=`{expected}`; its offset cannot be trusted against \
+                 this log: delete the store and restore it or rebuild it by full replay"
+            ))),
+        },
+    }
+}
+
+/// For [`StateStore::bind`] implementations: whether `new` must be written
+/// (`Ok(false)`: the store already records it), or the error for a store
+/// bound to something else.
+pub fn check_rebind(current: Option<&ChangelogBinding>, new: &ChangelogBinding) -> Result<bool> {
+    match current {
+        None => Ok(true),
+        Some(c) if c == new => Ok(false),
+        Some(c) => Err(Error::stale(format!(
+            "store is already bound to another changelog store_follows=`{c}` requested=`{new}`; a \
+             store follows one changelog incarnation for life: use a new store"
+        ))),
+    }
+}
+
+/// A binding check for a store that came out of a snapshot restore: binds an
+/// unbound store (a snapshot's data carries no binding of its own in the
+/// portable format) to the snapshot's changelog, refuses (`corrupt`) one
+/// whose recorded binding disagrees with the manifest.
+pub(crate) fn bind_restored<S: StateStore + ?Sized>(
+    store: &mut S,
+    expected: &ChangelogBinding,
+) -> Result<()> {
+    match store.binding()? {
+        Some(b) if &b == expected => Ok(()),
+        Some(b) => Err(Error::corrupt(format!(
+            "restored store records another changelog than its snapshot's manifest \
+             store_follows=`{b}` manifest=`{expected}`; the snapshot is unusable"
+        ))),
+        None => store.bind(expected),
+    }
 }
 
 /// Convenience methods over any [`StateStore`].
@@ -122,6 +225,12 @@ impl<S: StateStore + ?Sized> StateStore for Box<S> {
     }
     fn approximate_size(&self) -> Result<SizeEstimate> {
         (**self).approximate_size()
+    }
+    fn binding(&self) -> Result<Option<ChangelogBinding>> {
+        (**self).binding()
+    }
+    fn bind(&mut self, binding: &ChangelogBinding) -> Result<()> {
+        (**self).bind(binding)
     }
 }
 

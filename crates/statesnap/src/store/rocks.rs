@@ -29,13 +29,15 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use super::{KvIter, SizeEstimate, StateStore};
-use crate::changelog::Record;
+use crate::changelog::{ChangelogBinding, Record};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Name of the column family holding statesnap's metadata.
 pub const META_CF: &str = "statesnap_meta";
 /// Key of the applied offset (u64 little-endian) in [`META_CF`].
 pub const APPLIED_OFFSET_KEY: &[u8] = b"applied_offset";
+/// Key of the [`ChangelogBinding`] (JSON) in [`META_CF`].
+pub const BINDING_KEY: &[u8] = b"changelog_binding";
 
 /// Tuning for a [`RocksStore`]. The defaults are documented in the module docs.
 #[derive(Debug, Clone)]
@@ -97,6 +99,7 @@ pub struct RocksStore {
     db: DB,
     path: PathBuf,
     applied_offset: Option<u64>,
+    binding: Option<ChangelogBinding>,
     write_opts: WriteOptions,
     /// A fresh identity per open: SST file names are unique only within one
     /// incarnation, so snapshot code keys its file-hash cache on it.
@@ -153,10 +156,14 @@ impl RocksStore {
         write_opts.set_sync(false);
         write_opts.disable_wal(!options.wal);
         let applied_offset = read_applied_offset(&db, &path)?;
+        let binding = read_binding(&db, &path)?;
+        // A directory RocksDB opened as a store is one restores may replace.
+        super::mark_store_dir(&path)?;
         Ok(RocksStore {
             db,
             path,
             applied_offset,
+            binding,
             write_opts,
             incarnation: uuid::Uuid::new_v4(),
         })
@@ -232,6 +239,30 @@ pub(crate) fn read_applied_offset(db: &DB, path: &Path) -> Result<Option<u64>> {
         ))
     })?;
     Ok(Some(u64::from_le_bytes(bytes)))
+}
+
+/// Reads the [`ChangelogBinding`] stored in `db`'s metadata column family.
+pub(crate) fn read_binding(db: &DB, path: &Path) -> Result<Option<ChangelogBinding>> {
+    let cf = db.cf_handle(META_CF).ok_or_else(|| {
+        Error::corrupt(format!(
+            "rocksdb store has no {META_CF} column family path=`{}`",
+            path.display()
+        ))
+    })?;
+    let Some(raw) = db
+        .get_pinned_cf(cf, BINDING_KEY)
+        .map_err(|e| rocks_error("get", path, e))?
+    else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&raw).map(Some).map_err(|e| {
+        Error::corrupt(format!(
+            "the store's changelog binding cannot be parsed path=`{}`; delete the store and \
+             restore it",
+            path.display()
+        ))
+        .with_source(e)
+    })
 }
 
 impl StateStore for RocksStore {
@@ -336,6 +367,30 @@ impl StateStore for RocksStore {
             prop("rocksdb.estimate-live-data-size")? + prop("rocksdb.cur-size-all-mem-tables")?;
         Ok(SizeEstimate { keys, bytes })
     }
+
+    fn binding(&self) -> Result<Option<ChangelogBinding>> {
+        Ok(self.binding.clone())
+    }
+
+    fn bind(&mut self, binding: &ChangelogBinding) -> Result<()> {
+        if !super::check_rebind(self.binding.as_ref(), binding)? {
+            return Ok(());
+        }
+        let raw = serde_json::to_vec(binding)
+            .map_err(|e| Error::internal("cannot encode changelog binding").with_source(e))?;
+        let mut wb = WriteBatch::default();
+        wb.put_cf(self.meta_cf()?, BINDING_KEY, raw);
+        // Synced through the WAL even when the store runs without one: the
+        // binding must be durable before the first batch it covers (a later
+        // flush would otherwise carry an offset without its binding).
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db
+            .write_opt(wb, &wo)
+            .map_err(|e| rocks_error("write binding", &self.path, e))?;
+        self.binding = Some(binding.clone());
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -359,6 +414,31 @@ mod tests {
         assert_eq!(s.get(b"k2").unwrap().as_deref(), Some(&b"v2"[..]));
         let all: Vec<_> = s.iter().unwrap().map(|r| r.unwrap()).collect();
         assert_eq!(all, vec![(Bytes::from("k2"), Bytes::from("v2"))]);
+    }
+
+    #[test]
+    fn binding_survives_reopen_even_without_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = ChangelogBinding {
+            changelog: crate::changelog::ChangelogId::new("app-s-changelog", 2).unwrap(),
+            lineage: crate::changelog::Lineage("l-1".into()),
+        };
+        let opts = RocksOptions {
+            wal: false,
+            ..RocksOptions::default()
+        };
+        {
+            let mut s = RocksStore::open(dir.path(), &opts).unwrap();
+            assert_eq!(s.binding().unwrap(), None);
+            s.bind(&b).unwrap();
+        }
+        let mut s = RocksStore::open(dir.path(), &opts).unwrap();
+        assert_eq!(s.binding().unwrap(), Some(b.clone()));
+        let other = ChangelogBinding {
+            lineage: crate::changelog::Lineage("l-2".into()),
+            ..b
+        };
+        assert_eq!(s.bind(&other).unwrap_err().kind(), ErrorKind::Stale);
     }
 
     #[test]

@@ -177,6 +177,8 @@ struct Writer {
     last_sync_ms: i64,
     /// Whether the active segment has bytes not yet fsynced.
     dirty: bool,
+    /// Bytes of the active segment known to be on disk.
+    synced_pos: u64,
     /// Closed segments written under [`FsyncPolicy::Never`] and not yet fsynced.
     unsynced: Vec<(PathBuf, File)>,
     /// Whether a segment was created since the directory was last fsynced.
@@ -351,6 +353,14 @@ impl FileChangelog {
         mut writer: Writer,
     ) -> Result<FileChangelog> {
         writer.last_sync_ms = options.clock.now_ms();
+        // Durability: what recovery kept of the active segment (maybe only in
+        // the page cache after a process crash) is on disk before new
+        // records follow it.
+        writer
+            .file
+            .sync_data()
+            .map_err(|e| io_err("fsync changelog segment", &writer.active.path, e))?;
+        writer.synced_pos = writer.pos;
         let end = writer.next_offset;
         Ok(FileChangelog {
             id,
@@ -371,6 +381,15 @@ impl FileChangelog {
             recovery,
             _lock: lock_file,
         })
+    }
+
+    /// The active segment and how many of its bytes are known to be on disk
+    /// (fsynced). Under [`FsyncPolicy::EveryBatch`] that is every
+    /// acknowledged record; under the other policies it lags until the next
+    /// sync or [`Changelog::flush`]. For crash tests and tooling.
+    pub fn durable_tail(&self) -> Result<(PathBuf, u64)> {
+        let w = lock(&self.writer)?;
+        Ok((w.active.path.clone(), w.synced_pos))
     }
 
     /// What recovery cut off the last segment's tail when the log was
@@ -433,16 +452,26 @@ impl FileChangelog {
                 offsets.push(next);
                 next += 1;
             }
-            self.write_out(w, &mut buf, &mut new_entries, next)?;
-            self.sync_per_policy(w, now)
+            self.write_out(w, &mut buf, &mut new_entries, next)
         })();
+        let mut sync_failed = false;
+        let result = result.and_then(|()| {
+            self.sync_per_policy(w, now)
+                .inspect_err(|_| sync_failed = true)
+        });
         w.buf = buf;
         if w.buf.capacity() > 16 * 1024 * 1024 {
             w.buf = Vec::new();
         }
         // Publish what is written (and synced per policy) even if a later
-        // part failed: those records are in the log and replay will see them.
-        self.end.store(w.next_offset, Ordering::Release);
+        // write failed: those records are in the log and replay will see
+        // them. Not after a failed fsync: the kernel may have dropped those
+        // pages, so the records may not survive; no reader (and so no store
+        // or snapshot) may see them (invariant 11). The writer is poisoned;
+        // a reopen re-validates what the file really holds.
+        if !sync_failed {
+            self.end.store(w.next_offset, Ordering::Release);
+        }
         result.map(|()| offsets)
     }
 
@@ -524,6 +553,7 @@ impl FileChangelog {
                 .map_err(|e| io_err("fsync changelog segment", &w.active.path, e))?;
             w.dirty = false;
         }
+        w.synced_pos = w.pos;
         if w.dir_dirty {
             // Durability: segments created under `Never` get their directory entries on disk.
             meta::sync_dir(&self.dir)?;
@@ -569,6 +599,8 @@ impl FileChangelog {
         w.file = file;
         w.active = seg;
         w.pos = HEADER_LEN as u64;
+        // Not even the new header is known to be on disk yet.
+        w.synced_pos = 0;
         w.index = IndexBuilder::new();
         Ok(())
     }
@@ -635,6 +667,7 @@ fn new_writer(
         buf: Vec::new(),
         last_sync_ms: 0,
         dirty: false,
+        synced_pos: 0,
         unsynced: Vec::new(),
         dir_dirty: false,
         poisoned: None,

@@ -1,0 +1,203 @@
+//! Defect 7: a restore replaced its target without looking at what it was,
+//! and local-first reuse followed symlinks. Now a restore replaces only an
+//! absent path, an empty directory or a marked store; symlinks are never
+//! followed or carried into a restored store.
+#![cfg(feature = "rocksdb")]
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use object_store::memory::InMemory;
+use statesnap::ErrorKind;
+use statesnap::changelog::ChangelogId;
+use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+use statesnap::format::StoreFormat;
+use statesnap::format::rocks::RocksFormat;
+use statesnap::repo::{Repository, StoreKey};
+use statesnap::restore::{RestoreOptions, restore_store};
+use statesnap::snapshot::commit_snapshot;
+use statesnap::store::logged::LoggedStore;
+use statesnap::store::rocks::{RocksOptions, RocksStore};
+use statesnap::store::{STORE_MARKER, StateStore};
+
+fn sk() -> StoreKey {
+    StoreKey::new("app", "target", 0).unwrap()
+}
+
+/// A repository holding one RocksDB snapshot of a few thousand keys, and
+/// the changelog it follows.
+async fn setup(dir: &Path) -> (Repository, FileChangelog, RocksFormat) {
+    let log = FileChangelog::open(
+        dir.join("log"),
+        ChangelogId::for_store("app", "target", 0).unwrap(),
+        FileChangelogOptions::default(),
+    )
+    .unwrap();
+    let format = RocksFormat::new(RocksOptions::default());
+    let store = RocksStore::open(dir.join("source"), &RocksOptions::default()).unwrap();
+    let mut s = LoggedStore::new(store, log).unwrap();
+    for i in 0..5_000u32 {
+        s.put(format!("k{i:05}"), vec![b'v'; 200]);
+        if i % 1000 == 999 {
+            s.commit().unwrap();
+        }
+    }
+    s.store().flush().unwrap();
+    let repo = Repository::from_store(Arc::new(InMemory::new()), "").unwrap();
+    let cut = format.capture(s.store()).unwrap();
+    commit_snapshot(&format, cut, &repo, &sk(), s.changelog(), None)
+        .await
+        .unwrap();
+    let (_, log) = s.into_parts();
+    (repo, log, format)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_empty_foreign_directory_is_refused_unless_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, log, format) = setup(dir.path()).await;
+    let target = dir.path().join("home");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("thesis.tex"), b"years of work").unwrap();
+    let err = restore_store(
+        &format,
+        &repo,
+        &sk(),
+        &log,
+        &target,
+        &RestoreOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(err.message().contains("not a statesnap store"), "{err}");
+    assert_eq!(
+        std::fs::read(target.join("thesis.tex")).unwrap(),
+        b"years of work"
+    );
+    // Full replay (create_empty) refuses it too.
+    let opts = RestoreOptions {
+        full_replay: true,
+        ..RestoreOptions::default()
+    };
+    let err = restore_store(&format, &repo, &sk(), &log, &target, &opts)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(target.join("thesis.tex").exists());
+
+    // The caller says so: adopted and replaced.
+    let opts = RestoreOptions {
+        replace_unmarked: true,
+        ..RestoreOptions::default()
+    };
+    let (store, report) = restore_store(&format, &repo, &sk(), &log, &target, &opts)
+        .await
+        .unwrap();
+    assert!(report.snapshot.is_some());
+    assert!(!target.join("thesis.tex").exists());
+    assert!(target.join(STORE_MARKER).is_file());
+    assert!(store.get(b"k00042").unwrap().is_some());
+    drop(store);
+    // A restored store is marked: the next restore replaces it silently.
+    restore_store(
+        &format,
+        &repo,
+        &sk(),
+        &log,
+        &target,
+        &RestoreOptions::default(),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlinked_target_is_refused_and_its_destination_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, log, format) = setup(dir.path()).await;
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("precious"), b"keep me").unwrap();
+    // Even a marked directory behind a symlink.
+    std::fs::write(elsewhere.join(STORE_MARKER), b"").unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    for full_replay in [false, true] {
+        let opts = RestoreOptions {
+            full_replay,
+            replace_unmarked: true,
+            ..RestoreOptions::default()
+        };
+        let err = restore_store(&format, &repo, &sk(), &log, &link, &opts)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(err.message().contains("symbolic link"), "{err}");
+    }
+    assert_eq!(
+        std::fs::read(elsewhere.join("precious")).unwrap(),
+        b"keep me"
+    );
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_first_reuse_never_follows_or_carries_a_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, log, format) = setup(dir.path()).await;
+    let target = dir.path().join("restored");
+    let (store, _) = restore_store(
+        &format,
+        &repo,
+        &sk(),
+        &log,
+        &target,
+        &RestoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    drop(store);
+    // Swap one SST of the local store for a symlink to a copy of it outside.
+    let sst = std::fs::read_dir(&target)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "sst"))
+        .unwrap();
+    let outside = dir.path().join("outside.sst");
+    std::fs::copy(&sst, &outside).unwrap();
+    std::fs::remove_file(&sst).unwrap();
+    std::os::unix::fs::symlink(&outside, &sst).unwrap();
+
+    let (store, report) = restore_store(
+        &format,
+        &repo,
+        &sk(),
+        &log,
+        &target,
+        &RestoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        report.transfer.files_downloaded >= 1,
+        "{:?}",
+        report.transfer
+    );
+    let m = std::fs::symlink_metadata(&sst).unwrap();
+    assert!(
+        m.is_file(),
+        "the restored SST is a regular file, not a link"
+    );
+    assert!(store.get(b"k00001").unwrap().is_some());
+    // The file outside was not touched (nor linked into the store).
+    assert_eq!(std::fs::metadata(&outside).unwrap().nlink(), 1);
+}
+
+use std::os::unix::fs::MetadataExt;
