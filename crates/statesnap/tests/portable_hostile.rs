@@ -117,3 +117,81 @@ async fn layers_decoding_past_the_budget_are_corrupt() {
     let small = hostile(&repo, 3, compressible_chunk(64, 64 << 10), 64).await;
     restore(&fmt, &repo, &small).await.unwrap();
 }
+
+/// Peak-memory measurement of a 1 M-key portable restore (run by hand, for
+/// the figures in the issue note): `STATESNAP_RSS_DIR=/tmp/x cargo test
+/// --release --all-features --test portable_hostile -- --ignored
+/// rss_write_1m`, then the same with `rss_restore_1m` under
+/// `/usr/bin/time -v` (its peak RSS is the restore's alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement, run by hand"]
+async fn rss_write_1m() {
+    use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
+    use statesnap::snapshot::commit_snapshot;
+    use statesnap::store::logged::LoggedStore;
+    let dir = std::path::PathBuf::from(std::env::var("STATESNAP_RSS_DIR").unwrap());
+    let log = FileChangelog::open(
+        dir.join("log"),
+        statesnap::changelog::ChangelogId::for_store("app", "hostile", 0).unwrap(),
+        FileChangelogOptions {
+            fsync: FsyncPolicy::Never,
+            ..FileChangelogOptions::default()
+        },
+    )
+    .unwrap();
+    let mut s = LoggedStore::new(statesnap::store::memory::MemoryStore::new(), log).unwrap();
+    for i in 0..1_000_000u32 {
+        s.put(format!("user:{i:010}"), vec![(i % 251) as u8; 100]);
+        if i % 10_000 == 9_999 {
+            s.commit().unwrap();
+        }
+    }
+    let repo = Repository::init(
+        &format!("file://{}", dir.join("repo").display()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let f = PortableFormat::memory();
+    let cut = f.capture(s.store()).unwrap();
+    commit_snapshot(&f, cut, &repo, &sk(), s.changelog(), None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement, run by hand"]
+async fn rss_restore_1m() {
+    let dir = std::path::PathBuf::from(std::env::var("STATESNAP_RSS_DIR").unwrap());
+    let repo = Repository::open(
+        &format!("file://{}", dir.join("repo").display()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let m = repo.latest(&sk()).await.unwrap().unwrap().manifest;
+    let f = PortableFormat::new(|p: &std::path::Path| {
+        statesnap::store::rocks::RocksStore::open(
+            p,
+            &statesnap::store::rocks::RocksOptions::default(),
+        )
+    });
+    let t = std::time::Instant::now();
+    let (s, _) = f
+        .restore(
+            &m,
+            RestoreContext {
+                repo: &repo,
+                target: &dir.join(format!("restored-{}", std::process::id())),
+            },
+        )
+        .await
+        .unwrap();
+    eprintln!(
+        "restored {} keys into RocksDB in {:?}",
+        statesnap::store::StateStore::approximate_size(&s)
+            .unwrap()
+            .keys,
+        t.elapsed()
+    );
+}

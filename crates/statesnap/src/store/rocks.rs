@@ -217,21 +217,23 @@ impl RocksStore {
     }
 }
 
-/// Reads the applied offset stored in `db`'s metadata column family.
-pub(crate) fn read_applied_offset(db: &DB, path: &Path) -> Result<Option<u64>> {
+/// Reads `key` from `db`'s metadata column family.
+fn read_meta(db: &DB, path: &Path, key: &[u8]) -> Result<Option<Vec<u8>>> {
     let cf = db.cf_handle(META_CF).ok_or_else(|| {
         Error::corrupt(format!(
             "rocksdb store has no {META_CF} column family path=`{}`",
             path.display()
         ))
     })?;
-    let Some(raw) = db
-        .get_pinned_cf(cf, APPLIED_OFFSET_KEY)
-        .map_err(|e| rocks_error("get", path, e))?
-    else {
+    db.get_cf(cf, key).map_err(|e| rocks_error("get", path, e))
+}
+
+/// Reads the applied offset stored in `db`'s metadata column family.
+pub(crate) fn read_applied_offset(db: &DB, path: &Path) -> Result<Option<u64>> {
+    let Some(raw) = read_meta(db, path, APPLIED_OFFSET_KEY)? else {
         return Ok(None);
     };
-    let bytes: [u8; 8] = raw.as_ref().try_into().map_err(|_| {
+    let bytes: [u8; 8] = raw.as_slice().try_into().map_err(|_| {
         Error::corrupt(format!(
             "applied offset has the wrong length path=`{}` length={}",
             path.display(),
@@ -243,16 +245,7 @@ pub(crate) fn read_applied_offset(db: &DB, path: &Path) -> Result<Option<u64>> {
 
 /// Reads the [`ChangelogBinding`] stored in `db`'s metadata column family.
 pub(crate) fn read_binding(db: &DB, path: &Path) -> Result<Option<ChangelogBinding>> {
-    let cf = db.cf_handle(META_CF).ok_or_else(|| {
-        Error::corrupt(format!(
-            "rocksdb store has no {META_CF} column family path=`{}`",
-            path.display()
-        ))
-    })?;
-    let Some(raw) = db
-        .get_pinned_cf(cf, BINDING_KEY)
-        .map_err(|e| rocks_error("get", path, e))?
-    else {
+    let Some(raw) = read_meta(db, path, BINDING_KEY)? else {
         return Ok(None);
     };
     serde_json::from_slice(&raw).map(Some).map_err(|e| {
