@@ -977,3 +977,66 @@ fn a_horizon_that_passes_a_running_replay_fails_it_stale() {
     assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
     assert!(err.to_string().contains("horizon passed"), "{err}");
 }
+
+/// Readers never need the writer's lock: a read-only handle opens a log a
+/// writer holds, sees it as it was when opened, leaves a torn tail alone,
+/// and refuses to write.
+#[test]
+fn a_read_only_handle_reads_a_log_a_writer_holds() {
+    use statesnap::restore::{ReplayOptions, replay};
+    use statesnap::store::StateStoreExt;
+    use statesnap::store::memory::MemoryStore;
+    let dir = tempfile::tempdir().unwrap();
+    let writer = FileChangelog::open(dir.path(), id(), FileChangelogOptions::default()).unwrap();
+    for i in 0..50u64 {
+        writer.append(&[rec(i)]).unwrap();
+    }
+    // A second writer is still refused, told who holds the log...
+    let err = FileChangelog::open(dir.path(), id(), FileChangelogOptions::default()).unwrap_err();
+    assert!(
+        err.message()
+            .contains(&format!("holder=`pid={}`", std::process::id())),
+        "{err}"
+    );
+    // ...a reader is not.
+    let reader = FileChangelog::open_read_only(dir.path(), id()).unwrap();
+    assert!(reader.is_read_only());
+    assert_eq!(reader.end_offset().unwrap(), 50);
+    assert_eq!(reader.lineage().unwrap(), writer.lineage().unwrap());
+    writer.append(&[rec(50)]).unwrap();
+    assert_eq!(reader.end_offset().unwrap(), 50, "a point-in-time view");
+    let mut store = MemoryStore::new();
+    replay(&mut store, &reader, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(store.iter().unwrap().count(), 50);
+    for err in [
+        reader.append(&[rec(99)]).unwrap_err(),
+        reader.compact(&CompactOptions::default()).unwrap_err(),
+    ] {
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(err.message().contains("read-only"), "{err}");
+    }
+    reader.flush().unwrap();
+    drop(writer);
+
+    // A torn tail: the reader stops before it and leaves the file as it is.
+    let last = reader.segment_paths().unwrap().pop().unwrap();
+    drop(reader);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&last)
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"\x07\x00\x00garbage").unwrap();
+    let len = std::fs::metadata(&last).unwrap().len();
+    let reader = FileChangelog::open_read_only(dir.path(), id()).unwrap();
+    assert_eq!(reader.end_offset().unwrap(), 51);
+    assert_eq!(
+        std::fs::metadata(&last).unwrap().len(),
+        len,
+        "nothing repaired"
+    );
+    // No log at all: not found, and nothing created.
+    let empty = dir.path().join("none");
+    let err = FileChangelog::open_read_only(&empty, id()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(!empty.exists());
+}

@@ -107,6 +107,7 @@ impl FileChangelog {
     /// (open readers keep reading the old files); one compaction runs at a
     /// time. Memory: one copy of every distinct key in the log.
     pub fn compact(&self, options: &CompactOptions) -> Result<CompactionReport> {
+        self.check_writable("compact")?;
         let _one_at_a_time = lock(&self.compacting)?;
         let (closed, active, horizon) = {
             let s = read_shared(&self.shared)?;

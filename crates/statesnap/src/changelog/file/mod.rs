@@ -10,6 +10,8 @@
 //!   whole by [`FileChangelog::compact`];
 //! - `LOCK` — held with an exclusive file lock while the log is open, so two
 //!   processes (or two handles in one process) never write the same log.
+//!   Readers need no lock: [`FileChangelog::open_read_only`] opens a
+//!   point-in-time view of a log a writer holds, and repairs nothing.
 //!
 //! The byte layout is documented in `docs/format.md`, section "File
 //! changelog".
@@ -149,8 +151,8 @@ pub struct FileChangelog {
     /// One compaction at a time.
     compacting: Mutex<()>,
     recovery: Option<RecoveryReport>,
-    /// Holds the directory lock while open.
-    _lock: File,
+    /// Holds the directory lock while open (`None`: opened read-only).
+    _lock: Option<File>,
 }
 
 #[derive(Debug)]
@@ -223,7 +225,38 @@ impl FileChangelog {
         id: ChangelogId,
         options: FileChangelogOptions,
     ) -> Result<FileChangelog> {
-        let dir = dir.as_ref().to_path_buf();
+        Self::open_impl(dir.as_ref().to_path_buf(), id, options, false)
+    }
+
+    /// Opens the changelog in `dir` for reading only: takes no lock (a
+    /// writer may hold the log open meanwhile, in this process or another),
+    /// creates nothing, repairs nothing. It sees the log as it was when
+    /// opened — records appended later are not visible; open again to see
+    /// them — and a torn or in-progress tail is left in place and not read.
+    /// For restores, plans and tools; `append` and `compact` fail (kind
+    /// `config`), `flush` does nothing.
+    ///
+    /// Errors as [`FileChangelog::open`], and
+    /// [`NotFound`](crate::ErrorKind::NotFound) if there is no log in `dir`.
+    pub fn open_read_only(dir: impl AsRef<Path>, id: ChangelogId) -> Result<FileChangelog> {
+        let options = FileChangelogOptions {
+            create_if_missing: false,
+            ..FileChangelogOptions::default()
+        };
+        Self::open_impl(dir.as_ref().to_path_buf(), id, options, true)
+    }
+
+    /// Whether this handle was opened with [`FileChangelog::open_read_only`].
+    pub fn is_read_only(&self) -> bool {
+        self._lock.is_none()
+    }
+
+    fn open_impl(
+        dir: PathBuf,
+        id: ChangelogId,
+        options: FileChangelogOptions,
+        read_only: bool,
+    ) -> Result<FileChangelog> {
         if options.segment_bytes < (HEADER_LEN as u64) * 2 {
             return Err(Error::config(format!(
                 "changelog segment_bytes is too small segment_bytes=`{}` min=`{}`",
@@ -232,6 +265,12 @@ impl FileChangelog {
             )));
         }
         if !dir.exists() {
+            if read_only {
+                return Err(Error::not_found(format!(
+                    "changelog directory does not exist path=`{}`; nothing to read",
+                    dir.display()
+                )));
+            }
             if !options.create_if_missing {
                 return Err(Error::not_found(format!(
                     "changelog directory does not exist path=`{}`; set create_if_missing to \
@@ -247,30 +286,16 @@ impl FileChangelog {
                 meta::sync_dir(parent)?;
             }
         }
-        let lock_path = dir.join(LOCK_FILE);
-        let lock_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(|e| io_err("open changelog lock file", &lock_path, e))?;
-        match lock_file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::transient(format!(
-                    "changelog directory is locked by another open handle path=`{}`; close it \
-                     first",
-                    dir.display()
-                )));
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(io_err("lock changelog directory", &lock_path, e));
-            }
-        }
+        let lock_file = if read_only {
+            None
+        } else {
+            Some(Self::lock_dir(&dir)?)
+        };
 
         let names = list_dir(&dir)?;
-        remove_leftovers(&dir, &names)?;
+        if !read_only {
+            remove_leftovers(&dir, &names)?;
+        }
         let mut bases: Vec<u64> = names
             .iter()
             .filter_map(|n| segment::parse_segment_file_name(n))
@@ -288,6 +313,13 @@ impl FileChangelog {
                     )));
                 }
                 m
+            }
+            None if read_only => {
+                return Err(Error::not_found(format!(
+                    "no changelog in directory path=`{}` (no `{}`); nothing to read",
+                    dir.display(),
+                    meta::META_FILE
+                )));
             }
             None => {
                 if !bases.is_empty() {
@@ -313,6 +345,12 @@ impl FileChangelog {
         let mut recovery = None;
         let mut segments: Vec<Arc<Segment>> = Vec::with_capacity(bases.len().max(1));
         let writer = match bases.split_last() {
+            None if read_only => {
+                return Err(Error::corrupt(format!(
+                    "changelog directory has metadata but no segment path=`{}`",
+                    dir.display()
+                )));
+            }
             None => {
                 let (seg, file) = create_segment(&dir, 0, None)?;
                 // Durability: the first segment's directory entry must survive.
@@ -329,7 +367,7 @@ impl FileChangelog {
                     prev = Some(base);
                 }
                 let path = dir.join(segment::segment_file_name(last));
-                let (seg, w, rep) = open_last_segment(&path, last, prev)?;
+                let (seg, w, rep) = open_last_segment(&path, last, prev, read_only)?;
                 recovery = rep;
                 let seg = Arc::new(seg);
                 segments.push(Arc::clone(&seg));
@@ -341,6 +379,47 @@ impl FileChangelog {
         )
     }
 
+    /// Takes the directory lock of a writer.
+    fn lock_dir(dir: &Path) -> Result<File> {
+        let lock_path = dir.join(LOCK_FILE);
+        let lock_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| io_err("open changelog lock file", &lock_path, e))?;
+        match lock_file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                // Transient, not config: the usual holder is the previous
+                // owner of a partition still closing during a handoff.
+                let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
+                let holder: String = holder.trim().chars().take(200).collect();
+                return Err(Error::transient(format!(
+                    "changelog directory is locked by another writer path=`{}` holder=`{}`; one \
+                     writer per changelog: close that handle (or wait for its process to exit) \
+                     and retry, or open this one with FileChangelog::open_read_only to read",
+                    dir.display(),
+                    holder.escape_debug()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(io_err("lock changelog directory", &lock_path, e));
+            }
+        }
+        // Who holds it, for the error a second writer gets (advisory only:
+        // the lock, not this text, is what excludes).
+        let me = format!("pid={}\n", std::process::id());
+        if let Err(e) = lock_file
+            .set_len(0)
+            .and_then(|()| segment::write_all_at(&lock_file, me.as_bytes(), 0))
+        {
+            tracing::debug!(path = %lock_path.display(), error = %e, "cannot record the lock holder");
+        }
+        Ok(lock_file)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn finish(
         dir: PathBuf,
@@ -349,18 +428,20 @@ impl FileChangelog {
         meta: meta::Meta,
         segments: Vec<Arc<Segment>>,
         recovery: Option<RecoveryReport>,
-        lock_file: File,
+        lock_file: Option<File>,
         mut writer: Writer,
     ) -> Result<FileChangelog> {
         writer.last_sync_ms = options.clock.now_ms();
-        // Durability: what recovery kept of the active segment (maybe only in
-        // the page cache after a process crash) is on disk before new
-        // records follow it.
-        writer
-            .file
-            .sync_data()
-            .map_err(|e| io_err("fsync changelog segment", &writer.active.path, e))?;
-        writer.synced_pos = writer.pos;
+        if lock_file.is_some() {
+            // Durability: what recovery kept of the active segment (maybe
+            // only in the page cache after a process crash) is on disk
+            // before new records follow it.
+            writer
+                .file
+                .sync_data()
+                .map_err(|e| io_err("fsync changelog segment", &writer.active.path, e))?;
+            writer.synced_pos = writer.pos;
+        }
         let end = writer.next_offset;
         Ok(FileChangelog {
             id,
@@ -381,6 +462,17 @@ impl FileChangelog {
             recovery,
             _lock: lock_file,
         })
+    }
+
+    pub(crate) fn check_writable(&self, what: &str) -> Result<()> {
+        if self.is_read_only() {
+            return Err(Error::config(format!(
+                "cannot {what} a changelog opened read-only path=`{}`; open it with \
+                 FileChangelog::open (one writer at a time)",
+                self.dir.display()
+            )));
+        }
+        Ok(())
     }
 
     /// The active segment and how many of its bytes are known to be on disk
@@ -787,15 +879,19 @@ fn open_last_segment(
     path: &Path,
     base: u64,
     prev: Option<u64>,
+    read_only: bool,
 ) -> Result<(Segment, LastSegment, Option<RecoveryReport>)> {
     let file = OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!read_only)
         .open(path)
         .map_err(|e| io_err("open changelog segment", path, e))?;
     let bytes = fs::read(path).map_err(|e| io_err("read changelog segment", path, e))?;
     let mut report = None;
-    let (valid_len, next_offset, index) = if bytes.len() < HEADER_LEN {
+    let (valid_len, next_offset, index) = if bytes.len() < HEADER_LEN && read_only {
+        // A segment being created (or torn): nothing in it to read.
+        (HEADER_LEN as u64, base, SparseIndex::default())
+    } else if bytes.len() < HEADER_LEN {
         // A crash while a new segment was being created: rewrite its header.
         let header = SegmentHeader {
             base_offset: base,
@@ -821,7 +917,7 @@ fn open_last_segment(
             b.add(r.offset, (r.key.start - format::FRAME_HEADER_LEN) as u64);
         })?;
         let next = end.last_offset.map_or(base, |l| l + 1);
-        if let Some(t) = end.torn {
+        if let Some(t) = end.torn.filter(|_| !read_only) {
             file.set_len(t.position as u64)
                 .map_err(|e| io_err("truncate torn changelog tail", path, e))?;
             report = Some(RecoveryReport {
@@ -877,6 +973,7 @@ impl Changelog for FileChangelog {
     }
 
     fn append(&self, batch: &[Record]) -> Result<Vec<u64>> {
+        self.check_writable("append to")?;
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -911,6 +1008,9 @@ impl Changelog for FileChangelog {
     }
 
     fn flush(&self) -> Result<()> {
+        if self.is_read_only() {
+            return Ok(()); // nothing was written through this handle
+        }
         let mut w = lock(&self.writer)?;
         let now = self.clock.now_ms();
         self.sync_all_locked(&mut w, now)
