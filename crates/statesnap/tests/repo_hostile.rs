@@ -514,3 +514,28 @@ async fn open_and_init_errors_are_clear() {
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
     assert!(e.message().contains("bogus"), "{e}");
 }
+
+/// Defect 6 (manifests): a manifest far larger than any statesnap writes is
+/// refused as corrupt before it is read into memory, and never chosen.
+#[tokio::test]
+async fn an_oversized_manifest_is_refused_unread() {
+    let (repo, good, _clock) = repo_with_one_snapshot().await;
+    let mut m = good.clone();
+    m.changelog.offset = 5000;
+    m.snapshot_id = SnapshotId::from_parts(5000, 1);
+    let key = m.key();
+    let huge = vec![b' '; (statesnap::repo::catalog::MAX_MANIFEST_BYTES + 1) as usize];
+    repo.object_store()
+        .put(&key, PutPayload::from(huge))
+        .await
+        .unwrap();
+    let err = repo.read_manifest(&key).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert!(
+        err.message().contains("larger than any statesnap writes"),
+        "{err}"
+    );
+    let listing = repo.list_snapshots(&sk()).await.unwrap();
+    assert_eq!(listing.latest().unwrap().id(), good.snapshot_id);
+    assert!(listing.unreadable.iter().any(|u| u.key == key.to_string()));
+}
