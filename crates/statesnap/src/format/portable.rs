@@ -696,7 +696,7 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             }
             drop(store); // closes it: its files are complete
             if std::fs::symlink_metadata(&staging).is_ok_and(|m| m.is_dir()) {
-                staging::write_marker(&staging)?;
+                crate::store::mark_store_dir(&staging)?;
             }
             sync_tree(&staging)?;
             let store = swap_into_place(&staging, &target, |target| {

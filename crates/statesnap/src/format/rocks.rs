@@ -56,7 +56,6 @@ use rocksdb::{ColumnFamilyDescriptor, DB};
 use super::staging::{
     check_replaceable, clean_restore_leftovers, io_err, new_restore_staging, register_live,
     remove_leftovers, remove_path, split_target, swap_into_place, sync_dir, unregister_live,
-    write_marker,
 };
 use super::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
 use crate::changelog::ChangelogBinding;
@@ -539,38 +538,30 @@ impl StoreFormat for RocksFormat {
                 // A parent's blob is reused only if it is still there: gc
                 // may have swept it since (a retried snapshot re-uploads it
                 // from the checkpoint instead of failing its commit again).
-                let present = |e: FileEntry| async move {
-                    let ok = repo.blobs_present(sk, std::slice::from_ref(&e)).await?;
-                    Ok::<_, Error>(ok.then_some(e))
+                let stored = |hash: BlobHash| async move {
+                    Ok::<_, Error>(
+                        repo.head_blob(sk, &hash)
+                            .await?
+                            .is_some_and(|i| i.size == size),
+                    )
                 };
                 let done = match plan {
-                    Plan::Reuse(e) => match present(e).await? {
-                        Some(e) => Done::Reused(e),
-                        None => upload(local).await?,
-                    },
-                    Plan::Known(hash) => match repo.head_blob(sk, &hash).await? {
-                        Some(info) if info.size == size => Done::Stored(PutOutcome {
-                            blob: BlobRef { hash, size },
-                            uploaded: false,
-                        }),
-                        _ => upload(local).await?,
-                    },
-                    Plan::CompareLocal(p) => {
-                        let h = hash_file_async(local.clone()).await?;
-                        let same = FileEntry {
+                    Plan::Reuse(e) if stored(e.blake3).await? => Done::Reused(e),
+                    Plan::Known(hash) if stored(hash).await? => Done::Stored(PutOutcome {
+                        blob: BlobRef { hash, size },
+                        uploaded: false,
+                    }),
+                    Plan::CompareLocal(p)
+                        if hash_file_async(local.clone()).await? == p.blake3
+                            && stored(p.blake3).await? =>
+                    {
+                        Done::Reused(FileEntry {
                             path: name.clone(),
                             size,
-                            blake3: h,
-                        };
-                        match (h == p.blake3).then_some(same) {
-                            Some(e) => match present(e).await? {
-                                Some(e) => Done::Reused(e),
-                                None => upload(local).await?,
-                            },
-                            None => upload(local).await?,
-                        }
+                            blake3: p.blake3,
+                        })
                     }
-                    Plan::Upload => upload(local).await?,
+                    _ => upload(local).await?,
                 };
                 Ok::<_, Error>((name, done))
             }
@@ -687,7 +678,7 @@ impl StoreFormat for RocksFormat {
             download_one(repo, sk, id, f, dest)
         })
         .await?;
-        write_marker(&staging)?;
+        crate::store::mark_store_dir(&staging)?;
         // Every file is fsynced by the download; the directory entries too.
         sync_dir(&staging)?;
 

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::{Error, Result};
-pub(crate) use crate::store::{STORE_MARKER, mark_store_dir as write_marker};
+use crate::store::STORE_MARKER;
 
 pub(crate) const RESTORE_MARK: &str = ".statesnap-restore-";
 pub(crate) const OLD_MARK: &str = ".statesnap-old-";

@@ -176,11 +176,10 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
             )
         }
     };
-    let binding = ChangelogBinding::of(changelog)?;
     if snapshot_offset.is_some() {
         // The format bound it from the manifest, which check_usable matched
         // against this changelog; a custom format may not have.
-        bind_restored(&mut store, &binding)?;
+        bind_restored(&mut store, &ChangelogBinding::of(changelog)?)?;
     }
     if let Some(o) = snapshot_offset {
         let applied = store.applied_offset()?;
