@@ -348,3 +348,139 @@ async fn a_cut_is_only_committed_against_its_own_changelog() {
     assert!(err.message().contains("no changelog binding"), "{err}");
     assert!(repo.list_snapshots(&sk).await.unwrap().snapshots.is_empty());
 }
+
+/// Defect 5b: the disk loses records the log had synced (or the user chose
+/// `FsyncPolicy::Never` and the power failed), and the log hands their
+/// offsets out again. A snapshot of the lost stretch sits at an offset the
+/// log reaches again with other records: it is refused (`stale`), restore
+/// falls back to the older snapshot + replay, retention counts it for
+/// nothing, and no new snapshot builds on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_history_the_log_lost_is_never_restored() {
+    use statesnap::format::StoreFormat;
+    use statesnap::format::portable::PortableFormat;
+    use statesnap::repo::retention::{self, DropReason, RetentionPolicy};
+    use statesnap::repo::{Repository, StoreKey};
+    use statesnap::restore::{RestoreOptions, restore_store};
+    use statesnap::snapshot::commit_snapshot;
+
+    let dir = tempfile::tempdir().unwrap();
+    let log_dir = dir.path().join("log");
+    let repo = Repository::from_store(Arc::new(object_store::memory::InMemory::new()), "").unwrap();
+    let sk = StoreKey::new("app", "counts", 0).unwrap();
+    let format = PortableFormat::memory();
+
+    let log = open_log(&log_dir);
+    let mut s = LoggedStore::new(MemoryStore::new(), &log).unwrap();
+    s.put("a", "1");
+    s.put("b", "1");
+    s.commit().unwrap();
+    let (segment, len_after_first) = log.durable_tail().unwrap();
+    let older = commit_snapshot(
+        &format,
+        format.capture(s.store()).unwrap(),
+        &repo,
+        &sk,
+        &log,
+        None,
+    )
+    .await
+    .unwrap();
+    for k in ["c", "d", "e"] {
+        s.put(k, "lost");
+        s.commit().unwrap();
+    }
+    let lost = commit_snapshot(
+        &format,
+        format.capture(s.store()).unwrap(),
+        &repo,
+        &sk,
+        &log,
+        Some(&older),
+    )
+    .await
+    .unwrap();
+    assert_eq!(lost.changelog.offset, 4);
+    assert_eq!(lost.changelog.epoch, Some(1));
+    drop(s);
+    drop(log);
+
+    // The disk keeps only what the first commit wrote.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len_after_first)
+        .unwrap();
+    let log = open_log(&log_dir);
+    assert_eq!(log.end_offset().unwrap(), 2);
+    // Another store instance writes offsets 2..=4 again, with other records.
+    let (store, _) = restore_store(
+        &format,
+        &repo,
+        &sk,
+        &log,
+        &dir.path().join("s1"),
+        &RestoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    let mut s = LoggedStore::new(store, &log).unwrap();
+    for k in ["x", "y", "z"] {
+        s.put(k, "new");
+        s.commit().unwrap();
+    }
+    assert_eq!(log.end_offset().unwrap(), 5);
+    assert_eq!(log.epoch_at(4).unwrap(), Some(2));
+
+    // Restore skips the lost snapshot, although its offset is in the log.
+    let (store, report) = restore_store(
+        &format,
+        &repo,
+        &sk,
+        &log,
+        &dir.path().join("s2"),
+        &RestoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.snapshot, Some(older.snapshot_id));
+    let skipped = report
+        .skipped
+        .iter()
+        .find(|k| k.id == lost.snapshot_id)
+        .expect("the lost snapshot is reported as skipped");
+    assert_eq!(skipped.kind, ErrorKind::Stale, "{skipped:?}");
+    let (want, want_offset) = replayed(&log);
+    assert_eq!(contents(&store), want);
+    assert_eq!(store.applied_offset().unwrap(), want_offset);
+    assert!(!want.contains_key(&Bytes::from("c")));
+
+    // Retention against the changelog keeps the usable one as "newest".
+    let listing = repo.list_snapshots(&sk).await.unwrap();
+    let keep_one = RetentionPolicy {
+        keep_last: Some(1),
+        keep_newer_than: None,
+    };
+    let plan = retention::plan_for_changelog(&listing.snapshots, &keep_one, 0, &log).unwrap();
+    assert!(!plan.drops(older.snapshot_id), "{plan:?}");
+    assert!(
+        plan.drop
+            .contains(&(lost.snapshot_id, DropReason::LostHistory)),
+        "{plan:?}"
+    );
+
+    // A new snapshot never takes the lost one as its parent.
+    let next = commit_snapshot(
+        &format,
+        format.capture(s.store()).unwrap(),
+        &repo,
+        &sk,
+        &log,
+        Some(&lost),
+    )
+    .await
+    .unwrap();
+    assert_eq!(next.parent, None);
+    assert_eq!(next.changelog.epoch, Some(2));
+}

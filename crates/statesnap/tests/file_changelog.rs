@@ -134,14 +134,138 @@ fn unknown_metadata_version_is_a_config_error_naming_both_versions() {
     let meta = dir.path().join("changelog.json");
     let text = fs::read_to_string(&meta)
         .unwrap()
-        .replace("\"format_version\": 1", "\"format_version\": 7");
+        .replace("\"format_version\": 2", "\"format_version\": 7");
     fs::write(&meta, text).unwrap();
     let err = open(dir.path(), 1 << 20).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     assert!(
-        err.message().contains("found=`7`") && err.message().contains("supported=`1`"),
+        err.message().contains("found=`7`") && err.message().contains("supported=`1..=2`"),
         "{err}"
     );
+}
+
+/// The epoch history as `(epoch, start_offset)` pairs, read from the
+/// metadata file the way an operator would.
+fn epochs_on_disk(dir: &Path) -> Vec<(u64, u64)> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join("changelog.json")).unwrap()).unwrap();
+    v["epochs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    (
+                        e["epoch"].as_u64().unwrap(),
+                        e["start_offset"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn each_appending_session_starts_an_epoch_and_idle_reopens_add_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), 1 << 20).unwrap();
+    assert_eq!(log.epoch_at(0).unwrap(), None, "empty log");
+    fill(&log, 3);
+    assert_eq!(epochs_on_disk(dir.path()), vec![(1, 0)]);
+    assert_eq!(log.epoch_at(2).unwrap(), Some(1));
+    assert_eq!(log.epoch_at(3).unwrap(), None, "not in the log yet");
+    drop(log);
+    for _ in 0..3 {
+        drop(open(dir.path(), 1 << 20).unwrap());
+    }
+    assert_eq!(epochs_on_disk(dir.path()), vec![(1, 0)], "idle reopens");
+    let log = open(dir.path(), 1 << 20).unwrap();
+    log.append(&[rec(3), rec(4)]).unwrap();
+    log.append(&[rec(5)]).unwrap();
+    assert_eq!(epochs_on_disk(dir.path()), vec![(1, 0), (2, 3)]);
+    assert_eq!(log.epoch_at(2).unwrap(), Some(1));
+    assert_eq!(log.epoch_at(5).unwrap(), Some(2));
+    drop(log);
+    // A read-only handle sees the history and never changes it.
+    let ro = FileChangelog::open_read_only(dir.path(), id()).unwrap();
+    assert_eq!(ro.epoch_at(4).unwrap(), Some(2));
+}
+
+/// Defect 5b, at the log: the disk loses records that were synced; the
+/// offsets handed out again belong to a new epoch whose number was never
+/// used, and an epoch that lost all its records leaves the history.
+#[test]
+fn records_lost_below_synced_data_come_back_under_a_new_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = FileChangelog::open(dir.path(), id(), FileChangelogOptions::default()).unwrap();
+    log.append(&[rec(0), rec(1)]).unwrap();
+    let (seg, len_after_two) = log.durable_tail().unwrap();
+    drop(log);
+    let log = FileChangelog::open(dir.path(), id(), FileChangelogOptions::default()).unwrap();
+    log.append(&[rec(2), rec(3), rec(4)]).unwrap();
+    assert_eq!(log.epoch_at(4).unwrap(), Some(2));
+    drop(log);
+    assert_eq!(epochs_on_disk(dir.path()), vec![(1, 0), (2, 2)]);
+
+    // The disk gives back only the first two records (plus half a frame).
+    OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(len_after_two + 7)
+        .unwrap();
+    let log = FileChangelog::open(dir.path(), id(), FileChangelogOptions::default()).unwrap();
+    assert_eq!(log.end_offset().unwrap(), 2);
+    assert_eq!(log.epoch_at(1).unwrap(), Some(1));
+    log.append(&[rec(20), rec(30), rec(40)]).unwrap();
+    assert_eq!(epochs_on_disk(dir.path()), vec![(1, 0), (3, 2)]);
+    for o in 2..5 {
+        assert_eq!(log.epoch_at(o).unwrap(), Some(3), "offset {o}");
+    }
+}
+
+#[test]
+fn a_version_1_metadata_file_is_read_and_upgraded_by_the_next_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), 1 << 20).unwrap();
+    let lineage = log.lineage().unwrap();
+    fill(&log, 2);
+    drop(log);
+    // What a build before the epoch history wrote.
+    let meta = dir.path().join("changelog.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&meta).unwrap()).unwrap();
+    v["format_version"] = 1.into();
+    v.as_object_mut().unwrap().remove("epochs");
+    fs::write(&meta, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+
+    let log = open(dir.path(), 1 << 20).unwrap();
+    assert_eq!(log.lineage().unwrap(), lineage);
+    assert_eq!(
+        log.epoch_at(1).unwrap(),
+        None,
+        "history unknown before the upgrade"
+    );
+    fill(&log, 1);
+    assert_eq!(log.epoch_at(2).unwrap(), Some(1));
+    drop(log);
+    let v: serde_json::Value = serde_json::from_slice(&fs::read(&meta).unwrap()).unwrap();
+    assert_eq!(v["format_version"], 2);
+    assert_eq!(epochs_on_disk(dir.path()), vec![(1, 2)]);
+}
+
+#[test]
+fn a_malformed_epoch_history_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), 1 << 20).unwrap());
+    let meta = dir.path().join("changelog.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&meta).unwrap()).unwrap();
+    v["epochs"] = serde_json::json!([
+        {"epoch": 2, "start_offset": 0},
+        {"epoch": 1, "start_offset": 5}
+    ]);
+    fs::write(&meta, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let err = open(dir.path(), 1 << 20).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert!(err.message().contains("epoch history"), "{err}");
 }
 
 #[test]

@@ -300,6 +300,7 @@ async fn restore_falls_back_past_an_undecodable_chunk() {
             partition: 0,
             offset: ls.store().applied_offset_value(),
             lineage: ls.changelog().lineage().unwrap(),
+            epoch: None,
         },
         store_format: fmt.id(),
         parent: Some(good.snapshot_id),

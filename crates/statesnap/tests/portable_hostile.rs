@@ -58,6 +58,7 @@ async fn hostile(repo: &Repository, layers: usize, chunk: Bytes, records: u64) -
             partition: 0,
             offset: 10,
             lineage: Lineage("l".into()),
+            epoch: None,
         },
         store_format: PortableFormat::memory().id(),
         parent: None,

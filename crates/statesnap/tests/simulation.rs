@@ -3,7 +3,9 @@
 //! A seeded, deterministic driver runs random sequences of: put / delete /
 //! commit; snapshots (full, incremental, delta) through a fault-injecting
 //! object store; retention + gc; process crashes and power losses that cut
-//! the file log's unsynced tail (per fsync policy); losing the local store;
+//! the file log's unsynced tail (per fsync policy); a disk that loses synced
+//! records of the log (the epoch history must then refuse every snapshot
+//! of the lost stretch); losing the local store;
 //! restores; recreating the changelog (new lineage); a second writer on the
 //! same log; compaction past the tombstone horizon. After every step it
 //! checks the live store against a model of the changelog, and at restore
@@ -19,7 +21,7 @@
 use bytes::Bytes;
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +35,7 @@ use statesnap::clock::{Clock, ManualClock, SystemClock};
 use statesnap::format::portable::PortableFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
-use statesnap::repo::{GcOptions, Manifest, Repository, RetentionPolicy, StoreKey};
+use statesnap::repo::{GcOptions, Manifest, Repository, RetentionPolicy, SnapshotId, StoreKey};
 use statesnap::restore::{ReplayOptions, RestoreOptions, restore_store};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
@@ -171,6 +173,9 @@ struct Sim<K: Kind> {
     synced: (usize, Option<(PathBuf, u64)>),
     faults: Arc<FaultyStore>,
     repo: Repository,
+    /// Snapshots of history the log lost (a disk lost synced records after
+    /// they were taken): never restorable again.
+    lost: BTreeSet<SnapshotId>,
     trace: Vec<String>,
 }
 
@@ -211,6 +216,7 @@ where
             synced: (0, None),
             faults,
             repo,
+            lost: BTreeSet::new(),
             trace: Vec::new(),
         };
         sim.open_log();
@@ -321,6 +327,11 @@ where
         for s in &report.skipped {
             assert_eq!(s.kind, ErrorKind::Stale, "skipped {s:?}");
         }
+        assert!(
+            report.snapshot.is_none_or(|id| !self.lost.contains(&id)),
+            "restored from {:?}, a snapshot of history the log lost",
+            report.snapshot
+        );
         let end = self.records.len() as u64;
         assert_eq!(store.applied_offset().unwrap(), end.checked_sub(1));
         assert_eq!(
@@ -367,7 +378,7 @@ where
             .snapshots
             .iter()
             .map(|s| &s.manifest)
-            .filter(|m| m.changelog.lineage == lineage)
+            .filter(|m| m.changelog.lineage == lineage && !self.lost.contains(&m.snapshot_id))
             .collect();
         for m in &ours {
             // Invariant 11: no snapshot beyond what the log holds.
@@ -430,7 +441,8 @@ where
             35..=54 => self.commit(rt),
             55..=66 => self.snapshot(rt),
             67..=70 => self.gc(rt),
-            71..=75 => self.crash(rt),
+            71..=74 => self.crash(rt, false),
+            75 => self.crash(rt, true),
             76..=77 => {
                 self.trace.push("lose the local store".into());
                 self.ls = None;
@@ -590,12 +602,13 @@ where
     }
 
     /// A process crash, or (when the log does not sync every batch) a
-    /// power loss that cuts the log's unsynced tail at a random byte.
-    fn crash(&mut self, rt: &tokio::runtime::Runtime) {
+    /// power loss that cuts the log's unsynced tail at a random byte, or
+    /// (`disk_loss`) a disk that loses synced bytes of the last segment too.
+    fn crash(&mut self, rt: &tokio::runtime::Runtime, disk_loss: bool) {
         self.ls = None;
         self.pending.clear();
         self.format = K::format();
-        let power_loss = self.fsync == FsyncPolicy::Never && self.rng.chance(50);
+        let power_loss = disk_loss || (self.fsync == FsyncPolicy::Never && self.rng.chance(50));
         let last = self.log().segment_paths().unwrap().pop();
         // What the log itself has synced, not what the model expects: a
         // snapshot over records the log never synced must show up here.
@@ -603,14 +616,17 @@ where
         self.log = None;
         if power_loss
             && let Some(last) = last
-            && last == durable_path
+            && (disk_loss || last == durable_path)
         {
             let len = std::fs::metadata(&last).unwrap().len();
-            let cut = synced_len + self.rng.below(len - synced_len + 1);
+            // A segment header is 32 bytes; a disk loss cuts anywhere after it.
+            let floor = if disk_loss { 32.min(len) } else { synced_len };
+            let cut = floor + self.rng.below(len - floor + 1);
             let f = std::fs::OpenOptions::new().write(true).open(&last).unwrap();
             f.set_len(cut).unwrap();
             self.trace.push(format!(
-                "power loss: {} cut to {cut} of {len} bytes",
+                "{}: {} cut to {cut} of {len} bytes",
+                if disk_loss { "disk loss" } else { "power loss" },
                 last.display()
             ));
         } else {
@@ -624,7 +640,12 @@ where
         let lineage = self.log().lineage().unwrap();
         let listing = rt.block_on(self.repo.list_snapshots(&sk())).unwrap();
         for s in &listing.snapshots {
-            if s.manifest.changelog.lineage == lineage {
+            if disk_loss && s.manifest.changelog.lineage == lineage && s.offset() as usize >= end {
+                // What the disk took, the log hands out again: these
+                // snapshots must never be restored or used as a base.
+                self.lost.insert(s.id());
+            }
+            if s.manifest.changelog.lineage == lineage && !self.lost.contains(&s.id()) {
                 assert!(
                     (s.offset() as usize) < end,
                     "snapshot {} at {} covers records the power loss took (log end {end})",
@@ -633,7 +654,7 @@ where
                 );
             }
         }
-        if self.fsync == FsyncPolicy::EveryBatch {
+        if self.fsync == FsyncPolicy::EveryBatch && !disk_loss {
             assert!(
                 end >= self.synced.0,
                 "the log lost synced records: end {end} < {}",
@@ -645,6 +666,9 @@ where
             assert_eq!(end, self.records.len(), "a process crash loses nothing");
         }
         self.records.truncate(end);
+        if disk_loss {
+            self.synced = (self.synced.0.min(end), None);
+        }
         self.ensure_open(rt);
     }
 

@@ -323,6 +323,22 @@ pub trait Changelog: Send + Sync {
 
     /// Makes every appended record durable now, whatever the sync policy.
     fn flush(&self) -> Result<()>;
+
+    /// The writer epoch that appended the record at `offset`, if this log
+    /// keeps an epoch history and it covers `offset` (`None` otherwise: the
+    /// check is skipped).
+    ///
+    /// A log that may lose acknowledged records (a file log after a power
+    /// loss under a lazy sync policy, or a disk that loses synced data)
+    /// starts a new epoch whenever a writer session first appends, so
+    /// offsets handed out again after a loss carry a new epoch. Snapshots
+    /// record the epoch of their offset, and one whose epoch differs from
+    /// the log's at that offset covers a history the log no longer has
+    /// (design invariant 11). The default keeps no history.
+    fn epoch_at(&self, offset: u64) -> Result<Option<u64>> {
+        let _ = offset;
+        Ok(None)
+    }
 }
 
 /// Forwards every [`Changelog`] method through a smart pointer (no method may
@@ -353,6 +369,9 @@ macro_rules! forward_changelog {
             }
             fn flush(&self) -> Result<()> {
                 (**self).flush()
+            }
+            fn epoch_at(&self, offset: u64) -> Result<Option<u64>> {
+                (**self).epoch_at(offset)
             }
         }
     };

@@ -32,6 +32,7 @@ pub fn draft(sk: &StoreKey, offset: u64, files: Vec<FileEntry>) -> ManifestDraft
             partition: sk.partition(),
             offset,
             lineage: Lineage("conformance".into()),
+            epoch: None,
         },
         store_format: StoreFormatId {
             name: "conformance".into(),

@@ -37,6 +37,11 @@ pub struct ChangelogPosition {
     pub offset: u64,
     /// The changelog incarnation the offset belongs to.
     pub lineage: Lineage,
+    /// The changelog's writer epoch at `offset`, when the log keeps an
+    /// epoch history ([`crate::changelog::Changelog::epoch_at`]). Absent in
+    /// manifests of logs without one (and of older writers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
 }
 
 impl ChangelogPosition {
@@ -411,6 +416,7 @@ pub(crate) mod tests {
                 partition: sk.partition(),
                 offset,
                 lineage: Lineage("lin".into()),
+                epoch: None,
             },
             store_format: StoreFormatId {
                 name: "test".into(),

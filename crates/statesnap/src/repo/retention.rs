@@ -5,7 +5,8 @@
 //! different incarnations are not comparable: after a changelog is deleted
 //! and recreated, the dead incarnation's snapshots sit at higher offsets than
 //! the live one's, yet no restore can use them. The live lineage is the one
-//! the caller names ([`plan_for_lineage`]) or, in [`plan`], the lineage of
+//! the caller names ([`plan_for_lineage`], or [`plan_for_changelog`], which
+//! also rules out snapshots of history the log lost) or, in [`plan`], the lineage of
 //! the most recently *created* snapshot (a dead incarnation has no writer
 //! left to snapshot it). Rules, in order:
 //!
@@ -27,7 +28,8 @@ use std::time::Duration;
 
 use super::catalog::SnapshotInfo;
 use super::paths::SnapshotId;
-use crate::changelog::Lineage;
+use crate::changelog::{Changelog, Lineage};
+use crate::error::Result;
 
 /// What to keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,6 +64,10 @@ pub enum DropReason {
     /// Of a changelog incarnation that is not the live one, older than
     /// `keep_newer_than`, and no kept snapshot depends on it.
     DeadLineage,
+    /// Of the live lineage, but its offset lies in history the changelog
+    /// lost (see [`plan_for_changelog`]); older than `keep_newer_than`, and
+    /// no kept snapshot depends on it.
+    LostHistory,
 }
 
 /// The decision for one listing.
@@ -101,6 +107,55 @@ pub fn plan_for_lineage(
     now_ms: i64,
     live: Option<&Lineage>,
 ) -> RetentionPlan {
+    plan_classified(snapshots, policy, now_ms, |s| match live {
+        Some(l) if s.manifest.changelog.lineage != *l => Some(DropReason::DeadLineage),
+        _ => None,
+    })
+}
+
+/// [`plan`] against the changelog the store follows: only snapshots a
+/// restore could use count toward `keep_last` and "newest". Besides another
+/// lineage, that rules out a snapshot whose offset lies in history the log
+/// lost ([`crate::changelog::Changelog::epoch_at`] differs from the epoch
+/// the snapshot recorded); such snapshots expire like a dead lineage's.
+pub fn plan_for_changelog<C: Changelog + ?Sized>(
+    snapshots: &[SnapshotInfo],
+    policy: &RetentionPolicy,
+    now_ms: i64,
+    changelog: &C,
+) -> Result<RetentionPlan> {
+    let lineage = changelog.lineage()?;
+    let mut lost = BTreeSet::new();
+    for s in snapshots {
+        let c = &s.manifest.changelog;
+        if c.lineage == lineage
+            && let Some(taken) = c.epoch
+            && changelog
+                .epoch_at(c.offset)?
+                .is_some_and(|now| now != taken)
+        {
+            lost.insert(s.id());
+        }
+    }
+    Ok(plan_classified(snapshots, policy, now_ms, |s| {
+        if s.manifest.changelog.lineage != lineage {
+            Some(DropReason::DeadLineage)
+        } else if lost.contains(&s.id()) {
+            Some(DropReason::LostHistory)
+        } else {
+            None
+        }
+    }))
+}
+
+/// The rules above, with `dead` saying why a snapshot cannot count as live
+/// (`None`: it is live).
+fn plan_classified(
+    snapshots: &[SnapshotInfo],
+    policy: &RetentionPolicy,
+    now_ms: i64,
+    dead: impl Fn(&SnapshotInfo) -> Option<DropReason>,
+) -> RetentionPlan {
     let mut sorted: Vec<&SnapshotInfo> = snapshots.iter().collect();
     sorted.sort_by_key(|s| std::cmp::Reverse(s.manifest.name()));
     let by_id: BTreeMap<SnapshotId, &SnapshotInfo> = sorted.iter().map(|s| (s.id(), *s)).collect();
@@ -112,7 +167,7 @@ pub fn plan_for_lineage(
     // Rank within the live lineage, newest first.
     let mut live_rank = 0usize;
     for s in &sorted {
-        let is_live = live.is_none_or(|l| s.manifest.changelog.lineage == *l);
+        let is_live = dead(s).is_none();
         let rank = if is_live {
             live_rank += 1;
             Some(live_rank - 1)
@@ -152,10 +207,9 @@ pub fn plan_for_lineage(
     for s in &sorted {
         match kept.get(&s.id()) {
             Some(r) => out.keep.push((s.id(), *r)),
-            None if live.is_some_and(|l| s.manifest.changelog.lineage != *l) => {
-                out.drop.push((s.id(), DropReason::DeadLineage));
-            }
-            None => out.drop.push((s.id(), DropReason::Expired)),
+            None => out
+                .drop
+                .push((s.id(), dead(s).unwrap_or(DropReason::Expired))),
         }
     }
     out.missing_dependencies = missing.into_iter().collect();

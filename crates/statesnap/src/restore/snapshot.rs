@@ -95,6 +95,17 @@ fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
             m.snapshot_id, m.changelog.offset
         )));
     }
+    if let Some(taken) = m.changelog.epoch
+        && let Some(now) = changelog.epoch_at(m.changelog.offset)?
+        && now != taken
+    {
+        return Err(Error::stale(format!(
+            "snapshot covers changelog records the log no longer has: the log lost records and \
+             handed their offsets out again snapshot=`{}` offset={} snapshot_epoch={taken} \
+             changelog_epoch={now}; an older snapshot or a replay is used instead",
+            m.snapshot_id, m.changelog.offset
+        )));
+    }
     let horizon = changelog.horizon()?;
     if !horizon.can_resume_after(Some(m.changelog.offset)) {
         return Err(Error::stale(format!(

@@ -9,8 +9,9 @@ use crate::repo::{ChangelogPosition, Manifest, ManifestDraft, Repository, StoreK
 /// Writes `cut` with `format` and commits its manifest for store partition
 /// `store_key`, tagged with `changelog`'s id, lineage and the cut's offset.
 /// `parent` is the previous snapshot whose blobs may be reused; it is
-/// ignored unless it has the same store key, format name and lineage and an
-/// offset not after the cut's.
+/// ignored unless it has the same store key, format name and lineage, an
+/// offset not after the cut's, and (when it recorded one) the epoch the log
+/// still has at its offset.
 ///
 /// Before the manifest is committed, the changelog is flushed (design
 /// invariant 11): a snapshot never covers records the log has not made
@@ -61,8 +62,17 @@ pub async fn commit_snapshot<F: StoreFormat, C: Changelog + ?Sized>(
         )));
     }
     let fid = format.id();
+    // A parent in history the log lost is no base for this cut (its data
+    // is not the log's state at its offset any more).
+    let parent_epoch_ok = match parent.and_then(|p| p.changelog.epoch.map(|e| (p, e))) {
+        Some((p, e)) => changelog
+            .epoch_at(p.changelog.offset)?
+            .is_none_or(|now| now == e),
+        None => true,
+    };
     let parent = parent.filter(|p| {
-        p.store_format.name == fid.name
+        parent_epoch_ok
+            && p.store_format.name == fid.name
             && p.changelog.lineage == binding.lineage
             && p.changelog.offset <= offset
             && &p.store_key == store_key
@@ -89,6 +99,9 @@ pub async fn commit_snapshot<F: StoreFormat, C: Changelog + ?Sized>(
             binding.changelog, binding.lineage
         )));
     }
+    // The epoch is read after the flush: the records up to `offset` are
+    // durable in the history it names.
+    let epoch = changelog.epoch_at(offset)?;
     let draft = ManifestDraft {
         store_key: store_key.clone(),
         changelog: ChangelogPosition {
@@ -96,6 +109,7 @@ pub async fn commit_snapshot<F: StoreFormat, C: Changelog + ?Sized>(
             partition: binding.changelog.partition,
             offset,
             lineage: binding.lineage,
+            epoch,
         },
         store_format: fid,
         parent: parent.map(|p| p.snapshot_id),

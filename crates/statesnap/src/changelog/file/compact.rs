@@ -243,14 +243,7 @@ impl FileChangelog {
                 ..horizon
             };
             if new != horizon {
-                let meta = meta::Meta {
-                    format_version: meta::META_VERSION,
-                    topic: self.id.topic.clone(),
-                    partition: self.id.partition,
-                    lineage: self.lineage.0.clone(),
-                    horizon: new,
-                };
-                if let Err(e) = meta::write(&self.dir, &meta) {
+                if let Err(e) = self.update_meta(|m| m.horizon = new) {
                     for r in &rewrites {
                         let _ = fs::remove_file(&r.tmp);
                     }

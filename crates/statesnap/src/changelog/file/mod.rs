@@ -150,6 +150,8 @@ pub struct FileChangelog {
     end: AtomicU64,
     /// One compaction at a time.
     compacting: Mutex<()>,
+    /// The durable metadata as last written; held while it is rewritten.
+    meta: Mutex<meta::Meta>,
     recovery: Option<RecoveryReport>,
     /// Holds the directory lock while open (`None`: opened read-only).
     _lock: Option<File>,
@@ -187,6 +189,9 @@ struct Writer {
     dir_dirty: bool,
     /// Set when a failed write could not be undone: the log must be reopened.
     poisoned: Option<String>,
+    /// Whether this session's epoch is in the metadata (done before its
+    /// first record is written).
+    epoch_begun: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
@@ -336,6 +341,7 @@ impl FileChangelog {
                     partition: id.partition,
                     lineage: uuid::Uuid::new_v4().to_string(),
                     horizon: Horizon::default(),
+                    epochs: Vec::new(),
                 };
                 meta::write(&dir, &m)?;
                 m
@@ -446,7 +452,7 @@ impl FileChangelog {
         Ok(FileChangelog {
             id,
             dir,
-            lineage: Lineage(meta.lineage),
+            lineage: Lineage(meta.lineage.clone()),
             segment_bytes: options.segment_bytes,
             fsync: options.fsync,
             clock: options.clock,
@@ -459,6 +465,7 @@ impl FileChangelog {
             }),
             end: AtomicU64::new(end),
             compacting: Mutex::new(()),
+            meta: Mutex::new(meta),
             recovery,
             _lock: lock_file,
         })
@@ -504,6 +511,20 @@ impl FileChangelog {
             .collect())
     }
 
+    /// Applies `change` to the metadata and replaces the file atomically;
+    /// the in-memory copy changes only once the new file is durable.
+    pub(crate) fn update_meta(&self, change: impl FnOnce(&mut meta::Meta)) -> Result<()> {
+        let mut current = lock(&self.meta)?;
+        let mut next = current.clone();
+        next.format_version = meta::META_VERSION;
+        change(&mut next);
+        if next != *current {
+            meta::write(&self.dir, &next)?;
+            *current = next;
+        }
+        Ok(())
+    }
+
     /// Appends `batch` under the writer lock.
     fn append_locked(&self, w: &mut Writer, batch: &[Record]) -> Result<Vec<u64>> {
         if let Some(why) = &w.poisoned {
@@ -518,6 +539,11 @@ impl FileChangelog {
         }
         for r in batch {
             format::check_record_size(r.key.len(), r.value.as_ref().map_or(0, |v| v.len()))?;
+        }
+        if !w.epoch_begun {
+            // Durability: the new epoch is on disk before any record of it.
+            self.update_meta(|m| m.begin_epoch(w.next_offset))?;
+            w.epoch_begun = true;
         }
         let now = self.clock.now_ms();
         let mut offsets = Vec::with_capacity(batch.len());
@@ -763,6 +789,7 @@ fn new_writer(
         unsynced: Vec::new(),
         dir_dirty: false,
         poisoned: None,
+        epoch_begun: false,
     }
 }
 
@@ -1005,6 +1032,13 @@ impl Changelog for FileChangelog {
 
     fn horizon(&self) -> Result<Horizon> {
         Ok(read_shared(&self.shared)?.horizon)
+    }
+
+    fn epoch_at(&self, offset: u64) -> Result<Option<u64>> {
+        if offset >= self.end.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        Ok(meta::Meta::epoch_at(&lock(&self.meta)?.epochs, offset))
     }
 
     fn flush(&self) -> Result<()> {
