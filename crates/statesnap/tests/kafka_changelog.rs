@@ -202,6 +202,8 @@ fn append_returns_consecutive_offsets_and_reads_them_back() {
         Record::put(vec![0u8, 0xff], vec![0u8; 3]),
     ];
     let offsets = log.append(&batch).unwrap();
+    // The first append writes this handle's writer claim first.
+    let end0 = end0 + 1;
     assert_eq!(offsets, (end0..end0 + 5).collect::<Vec<_>>());
     assert_eq!(log.end_offset().unwrap(), end0 + 5);
     assert!(log.start_offset().unwrap() <= end0);
@@ -242,14 +244,77 @@ fn append_returns_consecutive_offsets_and_reads_them_back() {
     assert_eq!(log.append(&[]).unwrap(), Vec::<u64>::new());
     log.flush().unwrap();
 
-    // The reserved marker key is refused.
-    let err = log
-        .append(&[Record::put(
-            statesnap::changelog::kafka::LINEAGE_MARKER_KEY.to_vec(),
-            "x",
-        )])
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Config);
+    // The reserved marker keys are refused.
+    for key in [
+        statesnap::changelog::kafka::LINEAGE_MARKER_KEY,
+        statesnap::changelog::kafka::WRITER_MARKER_KEY,
+    ] {
+        let err = log.append(&[Record::put(key.to_vec(), "x")]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+    }
+}
+
+/// One writer per partition on Kafka (invariant 9): a handle that takes
+/// the partition over fences the previous one, which is refused `stale`
+/// before it writes again, for good; readers skip claim records, and the
+/// new owner's store stays exact.
+#[test]
+fn a_new_writer_fences_the_previous_one_before_it_writes_again() {
+    let Some(b) = bootstrap("a_new_writer_fences_the_previous_one_before_it_writes_again") else {
+        return;
+    };
+    let _serial = serial();
+    let id = fresh_id("fence");
+    let old = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let mut zombie = LoggedStore::new(MemoryStore::new(), &old).unwrap();
+    zombie.put("k", "old-1");
+    zombie.commit().unwrap();
+    zombie.put("k", "old-2");
+    zombie.commit().unwrap();
+
+    // The partition moves: the new owner claims it before its first commit.
+    let new = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    new.claim_writer().unwrap();
+    let end = new.end_offset().unwrap();
+
+    zombie.put("k", "zombie");
+    let err = zombie.commit().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
+    assert!(err.message().contains("fenced"), "{err}");
+    assert_eq!(
+        new.end_offset().unwrap(),
+        end,
+        "the fenced writer wrote nothing"
+    );
+    let err = old.append(&[Record::put("x", "y")]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Stale, "fenced for good: {err}");
+    assert_eq!(new.end_offset().unwrap(), end);
+
+    let mut owner = LoggedStore::new(MemoryStore::new(), &new).unwrap();
+    owner.catch_up(&ReplayOptions::default()).unwrap();
+    assert_eq!(owner.get(b"k").unwrap().as_deref(), Some(&b"old-2"[..]));
+    owner.put("k", "new-1");
+    owner.commit().unwrap();
+    let got: Vec<Record> = read_all(&new, 0)
+        .into_iter()
+        .map(LoggedRecord::into_record)
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            Record::put("k", "old-1"),
+            Record::put("k", "old-2"),
+            Record::put("k", "new-1")
+        ],
+        "claim records are skipped by readers; the zombie's batch is not in the log"
+    );
+
+    // With fencing off (an explicit opt-out), a handle is never fenced.
+    let loose = KafkaChangelog::open(id, options(&b).fence_writers(false)).unwrap();
+    loose.append(&[Record::put("y", "1")]).unwrap();
+    owner.put("k", "new-2");
+    owner.commit().unwrap();
+    loose.append(&[Record::put("y", "2")]).unwrap();
 }
 
 #[test]
@@ -696,7 +761,8 @@ fn mock_cluster_smoke() {
             Record::put("b", ""),
         ])
         .unwrap();
-    assert_eq!(offsets, vec![0, 1, 2]);
+    // Offset 0 is the handle's writer claim (skipped by readers).
+    assert_eq!(offsets, vec![1, 2, 3]);
     let got: Vec<Record> = read_all(&log, 0)
         .into_iter()
         .map(LoggedRecord::into_record)
@@ -722,8 +788,8 @@ fn mock_cluster_smoke() {
     assert_eq!(marker.lineage().unwrap(), m);
     assert_eq!(
         marker.end_offset().unwrap(),
-        4,
-        "the marker took one offset"
+        5,
+        "the writer claim and the lineage marker took one offset each"
     );
     assert_eq!(read_all(&marker, 0).len(), 3, "readers skip the marker");
 }
@@ -745,19 +811,19 @@ fn replay_ends_at_the_log_end_even_when_the_last_offset_is_a_marker() {
         .clock(Arc::new(clock.clone()));
     let log = KafkaChangelog::open(id, opts).unwrap();
     let batch: Vec<Record> = (0..10).map(|i| Record::put(format!("k{i}"), "v")).collect();
-    log.append(&batch).unwrap();
-    log.lineage().unwrap(); // the marker takes offset 10
-    assert_eq!(log.end_offset().unwrap(), 11);
+    log.append(&batch).unwrap(); // offsets 1..=10 after the writer claim
+    log.lineage().unwrap(); // the marker takes offset 11
+    assert_eq!(log.end_offset().unwrap(), 12);
 
     let mut store = MemoryStore::new();
     let report = replay(&mut store, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
     assert_eq!(report.records, 10);
-    assert_eq!(report.applied_offset, Some(10));
-    assert_eq!(store.applied_offset().unwrap(), Some(10));
+    assert_eq!(report.applied_offset, Some(11));
+    assert_eq!(store.applied_offset().unwrap(), Some(11));
     assert_eq!(store.len(), 10);
     // Much later, with nothing written meanwhile, the store can still resume.
     clock.advance_ms(30 * 24 * 60 * 60 * 1000);
-    assert!(log.horizon().unwrap().can_resume_after(Some(10)));
+    assert!(log.horizon().unwrap().can_resume_after(Some(11)));
     let again = replay(&mut store, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
     assert_eq!(again.records, 0);
 }
@@ -774,7 +840,9 @@ fn mock_cluster_conformance() {
     let make = || {
         let id = fresh_id("mockconf");
         mock.create_topic(&id.topic, 1, 1).unwrap();
-        KafkaChangelog::open(id, mock_options(&mock)).unwrap()
+        // The suite checks the log's own offsets; the writer claim a
+        // fencing handle writes first is tested on its own.
+        KafkaChangelog::open(id, mock_options(&mock).fence_writers(false)).unwrap()
     };
     suite::empty_log_has_no_offsets(&make());
     suite::append_returns_consecutive_offsets(&make());
@@ -790,7 +858,7 @@ fn mock_cluster_conformance() {
     let id = fresh_id("mockreopen");
     mock.create_topic(&id.topic, 1, 1).unwrap();
     suite::reopen_keeps_records_and_lineage(&mut || {
-        KafkaChangelog::open(id.clone(), mock_options(&mock)).unwrap()
+        KafkaChangelog::open(id.clone(), mock_options(&mock).fence_writers(false)).unwrap()
     });
 }
 
@@ -802,10 +870,14 @@ fn conformance_against_tansu() {
     };
     let _serial = serial();
     use statesnap::conformance::changelog as suite;
-    suite::run_all(&mut || KafkaChangelog::open(fresh_id("conf"), options(&b)).unwrap());
+    // Fencing off: the suite checks the log's own offsets (the writer claim
+    // a fencing handle writes first is tested on its own, and every other
+    // test here runs with fencing on).
+    let opts = || options(&b).fence_writers(false);
+    suite::run_all(&mut || KafkaChangelog::open(fresh_id("conf"), opts()).unwrap());
     let id = fresh_id("reopen");
     suite::reopen_keeps_records_and_lineage(&mut || {
-        KafkaChangelog::open(id.clone(), options(&b)).unwrap()
+        KafkaChangelog::open(id.clone(), opts()).unwrap()
     });
 }
 
@@ -911,7 +983,8 @@ fn reads_honour_any_batch_size_and_readers_can_be_dropped_half_way() {
     let all = append_numbered(&log, 30_000);
 
     let mut a = log.read_from(0).unwrap();
-    let mut b = log.read_from(12_345).unwrap();
+    // Offset 0 is the writer claim: record i is at offset i + 1.
+    let mut b = log.read_from(12_346).unwrap();
     let sizes = [1usize, 7, 9_000, 20_000, 3, 8_192, 8_193];
     let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
     let mut i = 0;

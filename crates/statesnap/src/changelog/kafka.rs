@@ -32,6 +32,11 @@
 //!   applies nothing. Appends are serialised so a batch's offsets are
 //!   consecutive. Record timestamps come from the injected
 //!   [`Clock`](crate::clock::Clock).
+//! - **One writer.** With [`KafkaOptions::fence_writers`] (default), a
+//!   handle's first append writes a writer claim record
+//!   ([`WRITER_MARKER_KEY`]); a handle that finds a newer claim by another
+//!   writer refuses every later append (kind `stale`). See
+//!   [`KafkaChangelog::claim_writer`] and `docs/kafka.md`.
 //! - **Read.** A fresh `BaseConsumer` per reader, no consumer group: the
 //!   partition is assigned at `max(from, start_offset)` and read up to the
 //!   high watermark seen when the reader was opened (`enable.auto.commit=false`,
@@ -138,9 +143,17 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The reserved key of lineage marker records. Applications must not write it.
 pub const LINEAGE_MARKER_KEY: &[u8] = b"\x00statesnap\x00lineage";
-/// The header that marks a lineage marker record.
+/// The reserved key of writer claim records (writer fencing). Applications
+/// must not write it.
+pub const WRITER_MARKER_KEY: &[u8] = b"\x00statesnap\x00writer";
+/// The header that marks a statesnap marker record, and its values.
 const MARKER_HEADER: &str = "statesnap-marker";
 const MARKER_HEADER_VALUE: &[u8] = b"lineage";
+const WRITER_HEADER_VALUE: &[u8] = b"writer";
+
+/// A record to produce: key, value, and the marker header value if it is a
+/// statesnap marker.
+type RawOut = (Bytes, Option<Bytes>, Option<&'static [u8]>);
 
 /// Kafka's default `delete.retention.ms` (1 day), used when the broker does
 /// not report the topic's value.
@@ -209,6 +222,11 @@ pub struct KafkaOptions {
     pub clock: SharedClock,
     /// Where the lineage comes from.
     pub lineage_source: LineageSource,
+    /// Fence zombie writers (default true): the first append of a handle
+    /// writes a writer claim record, and a handle that finds a newer claim
+    /// by another writer in the log refuses every later append (kind
+    /// `stale`). See `docs/kafka.md`, "Writers, fencing and durability".
+    pub fence_writers: bool,
 }
 
 impl KafkaOptions {
@@ -226,6 +244,7 @@ impl KafkaOptions {
             delivery_timeout: Duration::from_secs(30),
             clock: system_clock(),
             lineage_source: LineageSource::default(),
+            fence_writers: true,
         }
     }
 
@@ -241,6 +260,7 @@ impl KafkaOptions {
     /// | `statesnap.request.timeout.ms` | [`KafkaOptions::request_timeout`] |
     /// | `statesnap.delivery.timeout.ms` | [`KafkaOptions::delivery_timeout`] |
     /// | `statesnap.lineage` | `auto` / `topic-id` / `marker` ([`LineageSource`]) |
+    /// | `statesnap.fence.writers` | `true` / `false` ([`KafkaOptions::fence_writers`]) |
     /// | `statesnap.topic.<name>` | topic config `<name>` for a created topic |
     pub fn from_pairs<I, K, V>(pairs: I) -> Result<Self>
     where
@@ -282,6 +302,9 @@ impl KafkaOptions {
                         "marker" => LineageSource::Marker,
                         _ => return Err(bad("expected auto, topic-id or marker")),
                     }
+                }
+                "statesnap.fence.writers" => {
+                    o.fence_writers = v.parse().map_err(|_| bad("expected true or false"))?
                 }
                 "statesnap.request.timeout.ms" => {
                     o.request_timeout =
@@ -389,6 +412,12 @@ impl KafkaOptions {
         self
     }
 
+    /// Sets whether zombie writers are fenced ([`KafkaOptions::fence_writers`]).
+    pub fn fence_writers(mut self, fence: bool) -> Self {
+        self.fence_writers = fence;
+        self
+    }
+
     /// Whether the clients connect without TLS or SASL.
     fn is_plaintext(&self) -> bool {
         self.properties
@@ -467,6 +496,7 @@ impl fmt::Debug for KafkaOptions {
             .field("delivery_timeout", &self.delivery_timeout)
             .field("clock", &self.clock)
             .field("lineage_source", &self.lineage_source)
+            .field("fence_writers", &self.fence_writers)
             .finish()
     }
 }
@@ -689,6 +719,21 @@ pub struct KafkaChangelog {
     /// False when the broker did not answer DescribeConfigs at open (then the
     /// values above are assumptions and are not asked for again).
     configs_known: bool,
+    /// This handle's writer claim (fencing); held for a whole append.
+    writer: Mutex<WriterClaim>,
+}
+
+/// A handle's standing as the partition's writer.
+#[derive(Debug)]
+struct WriterClaim {
+    /// `writer:<uuid>`, made at open.
+    id: String,
+    /// Offset of this handle's claim record, once written.
+    claimed_at: Option<u64>,
+    /// Offsets below this were checked for newer claims (or are ours).
+    checked_to: u64,
+    /// Set once a newer claim by another writer was seen: for good.
+    fenced: Option<String>,
 }
 
 impl fmt::Debug for KafkaChangelog {
@@ -795,6 +840,12 @@ impl KafkaChangelog {
             admin,
             configs: Mutex::new((cleanup_policy, delete_retention_ms)),
             configs_known,
+            writer: Mutex::new(WriterClaim {
+                id: format!("writer:{}", uuid::Uuid::new_v4()),
+                claimed_at: None,
+                checked_to: 0,
+                fenced: None,
+            }),
         };
         Ok(log)
     }
@@ -873,7 +924,7 @@ impl KafkaChangelog {
         reader.keep_markers = true;
         while let Some(batch) = reader.next_raw(1024)? {
             for r in batch {
-                if r.marker {
+                if r.marker && r.record.key.as_ref() == LINEAGE_MARKER_KEY {
                     let value = r.record.value.unwrap_or_default();
                     let s = String::from_utf8_lossy(&value).into_owned();
                     return Ok(Some((r.record.offset, Lineage(s))));
@@ -913,7 +964,7 @@ impl KafkaChangelog {
         let marker = (
             Bytes::from_static(LINEAGE_MARKER_KEY),
             Some(Bytes::from(lineage.clone())),
-            true,
+            Some(MARKER_HEADER_VALUE),
         );
         let offsets = self.append_raw(&[marker])?;
         tracing::info!(changelog = %self.id, %lineage, offset = ?offsets.first(), "wrote kafka changelog lineage marker");
@@ -927,11 +978,7 @@ impl KafkaChangelog {
         }
     }
 
-    fn send_batch(
-        &self,
-        producer: &ThreadedProducer<Ctx>,
-        records: &[(Bytes, Option<Bytes>, bool)],
-    ) -> Result<Vec<u64>> {
+    fn send_batch(&self, producer: &ThreadedProducer<Ctx>, records: &[RawOut]) -> Result<Vec<u64>> {
         let n = records.len();
         let batch = Arc::new(Batch {
             pending: Mutex::new(Pending {
@@ -959,10 +1006,10 @@ impl KafkaChangelog {
             if let Some(v) = value {
                 rec = rec.payload(v.as_ref());
             }
-            if *marker {
+            if let Some(kind) = marker {
                 rec = rec.headers(OwnedHeaders::new().insert(Header {
                     key: MARKER_HEADER,
-                    value: Some(MARKER_HEADER_VALUE),
+                    value: Some(*kind),
                 }));
             }
             loop {
@@ -1094,7 +1141,114 @@ impl KafkaChangelog {
         }
     }
 
-    fn append_raw(&self, records: &[(Bytes, Option<Bytes>, bool)]) -> Result<Vec<u64>> {
+    /// Claims the partition for this handle now: writes a writer claim
+    /// record, so any other handle that appended before (a zombie instance
+    /// after a rebalance, a process still closing) is fenced at its next
+    /// append. `append` claims on its own; call this when taking over a
+    /// partition to stop the previous owner before the first commit.
+    /// Does nothing if this handle already claimed, or fencing is off.
+    pub fn claim_writer(&self) -> Result<()> {
+        if !self.options.fence_writers {
+            return Ok(());
+        }
+        let mut w = lock(&self.writer);
+        self.check_not_fenced(&w)?;
+        if w.claimed_at.is_none() {
+            self.claim_locked(&mut w)?;
+        }
+        Ok(())
+    }
+
+    fn check_not_fenced(&self, w: &WriterClaim) -> Result<()> {
+        match &w.fenced {
+            Some(why) => Err(Error::stale(format!(
+                "this kafka changelog handle was fenced: another writer claimed the partition \
+                 changelog=`{}` bootstrap_servers=`{}` {why}; one writer per partition — this \
+                 instance no longer owns it (close it; reopen only if it is assigned again)",
+                self.id, self.at.bootstrap
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn claim_locked(&self, w: &mut WriterClaim) -> Result<()> {
+        let claim = (
+            Bytes::from_static(WRITER_MARKER_KEY),
+            Some(Bytes::from(w.id.clone())),
+            Some(WRITER_HEADER_VALUE),
+        );
+        let offsets = self.append_raw(&[claim])?;
+        let at = offsets.first().copied().ok_or_else(|| {
+            Error::internal(format!(
+                "kafka writer claim got no offset changelog=`{}`",
+                self.id
+            ))
+        })?;
+        tracing::info!(changelog = %self.id, writer = %w.id, offset = at, "claimed kafka changelog partition for this writer");
+        // Claims below ours are older: this one supersedes them.
+        w.claimed_at = Some(at);
+        w.checked_to = at + 1;
+        Ok(())
+    }
+
+    /// Reads `[max(w.checked_to, lo), to)` for a claim by another writer; fences this
+    /// handle (for good) if there is one.
+    fn check_claims(&self, w: &mut WriterClaim, lo: u64, to: u64) -> Result<()> {
+        if to <= w.checked_to {
+            return Ok(());
+        }
+        // Below `lo` the log was deleted: no claim left to find there.
+        let mut reader = KafkaReader::open(self, w.checked_to.max(lo), to)?;
+        reader.keep_markers = true;
+        while let Some(batch) = reader.next_raw(1024)? {
+            for r in batch {
+                if r.marker && r.record.key.as_ref() == WRITER_MARKER_KEY {
+                    let by = String::from_utf8_lossy(r.record.value.as_deref().unwrap_or_default())
+                        .into_owned();
+                    if by != w.id {
+                        let why = format!(
+                            "claimed_by=`{}` claim_offset={} our_claim_offset={:?}",
+                            by.escape_debug(),
+                            r.record.offset,
+                            w.claimed_at
+                        );
+                        tracing::warn!(changelog = %self.id, writer = %w.id, %why, "kafka changelog writer fenced");
+                        w.fenced = Some(why);
+                        return self.check_not_fenced(w);
+                    }
+                }
+            }
+        }
+        w.checked_to = to;
+        Ok(())
+    }
+
+    /// One append under the writer claim: claim first, refuse if a newer
+    /// claim is already in the log, and check what others wrote before our
+    /// batch landed.
+    fn append_fenced(&self, records: &[RawOut]) -> Result<Vec<u64>> {
+        let mut w = lock(&self.writer);
+        self.check_not_fenced(&w)?;
+        if w.claimed_at.is_none() {
+            self.claim_locked(&mut w)?;
+        }
+        // Before writing: anything past what we checked is another
+        // writer's (or a failed append of ours); a newer claim there stops
+        // this append before it writes.
+        let (lo, hi) = self.watermarks()?;
+        self.check_claims(&mut w, lo, hi)?;
+        let offsets = self.append_raw(records)?;
+        if let (Some(&first), Some(&last)) = (offsets.first(), offsets.last()) {
+            // A claim that raced in between the check and our batch: our
+            // records are written (replay will see them), but this handle
+            // writes no more.
+            self.check_claims(&mut w, lo, first)?;
+            w.checked_to = w.checked_to.max(last + 1);
+        }
+        Ok(offsets)
+    }
+
+    fn append_raw(&self, records: &[RawOut]) -> Result<Vec<u64>> {
         // One batch at a time, so a batch's offsets are consecutive.
         let mut producer = lock(&self.producer);
         let result = self.send_batch(&producer, records);
@@ -1135,18 +1289,25 @@ impl Changelog for KafkaChangelog {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        if let Some(r) = batch.iter().find(|r| r.key.as_ref() == LINEAGE_MARKER_KEY) {
+        if let Some(r) = batch
+            .iter()
+            .find(|r| r.key.as_ref() == LINEAGE_MARKER_KEY || r.key.as_ref() == WRITER_MARKER_KEY)
+        {
             return Err(Error::config(format!(
-                "record key is reserved for statesnap's lineage marker changelog=`{}` key={:?}",
+                "record key is reserved for statesnap's marker records changelog=`{}` key={:?}",
                 self.id,
                 crate::util::DebugBytes(&r.key)
             )));
         }
-        let records: Vec<(Bytes, Option<Bytes>, bool)> = batch
+        let records: Vec<RawOut> = batch
             .iter()
-            .map(|r| (r.key.clone(), r.value.clone(), false))
+            .map(|r| (r.key.clone(), r.value.clone(), None))
             .collect();
-        self.append_raw(&records)
+        if self.options.fence_writers {
+            self.append_fenced(&records)
+        } else {
+            self.append_raw(&records)
+        }
     }
 
     fn read_from(&self, from: u64) -> Result<Box<dyn ChangelogReader + '_>> {
@@ -1252,7 +1413,8 @@ impl Changelog for KafkaChangelog {
     }
 }
 
-/// A record as read, with whether it is a lineage marker.
+/// A record as read, with whether it is a statesnap marker (lineage or
+/// writer claim; the key says which).
 struct RawRecord {
     record: LoggedRecord,
     marker: bool,
@@ -1370,12 +1532,19 @@ impl KafkaReader {
                         }
                         self.next = off + 1;
                         let key = m.key().unwrap_or_default();
-                        let marker = key == LINEAGE_MARKER_KEY
-                            && m.headers().is_some_and(|h| {
-                                h.iter().any(|h| {
-                                    h.key == MARKER_HEADER && h.value == Some(MARKER_HEADER_VALUE)
-                                })
-                            });
+                        let kind = if key == LINEAGE_MARKER_KEY {
+                            Some(MARKER_HEADER_VALUE)
+                        } else if key == WRITER_MARKER_KEY {
+                            Some(WRITER_HEADER_VALUE)
+                        } else {
+                            None
+                        };
+                        let marker = kind.is_some_and(|kind| {
+                            m.headers().is_some_and(|h| {
+                                h.iter()
+                                    .any(|h| h.key == MARKER_HEADER && h.value == Some(kind))
+                            })
+                        });
                         if marker && !self.keep_markers {
                             continue;
                         }
