@@ -64,6 +64,12 @@ cargo clippy --release "${FEATURES[@]}" --all-targets -- -D warnings
 log "cargo test (release profile)"
 cargo test --release "${FEATURES[@]}" --all-targets
 cargo test --release "${FEATURES[@]}" --doc
+# Tests that need root (they mount a tmpfs); same build, nothing recompiles.
+if [[ $(id -u) -eq 0 ]]; then
+  cargo test --release "${FEATURES[@]}" --test restore_target -- --ignored mount_point
+else
+  log "not root: skipping the mount-point restore test (restore_target, ignored)"
+fi
 
 log "demo smoke run"
 cargo build --release "${FEATURES[@]}" --bins

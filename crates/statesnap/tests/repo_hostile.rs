@@ -539,3 +539,60 @@ async fn an_oversized_manifest_is_refused_unread() {
     assert_eq!(listing.latest().unwrap().id(), good.snapshot_id);
     assert!(listing.unreadable.iter().any(|u| u.key == key.to_string()));
 }
+
+/// A gc record larger than gc ever writes is dropped unread: even a valid
+/// one, padded past the cap, condemns nothing. The same record at its
+/// normal size does sweep (the control: the test would see a read).
+#[tokio::test]
+async fn an_oversized_gc_record_is_dropped_unread() {
+    use statesnap::repo::gc::{CondemnationRecord, CondemnedBlob, GC_RECORD_FORMAT_VERSION};
+    use statesnap::repo::paths::{self, BlobHash};
+    let (repo, _good, clock) = repo_with_one_snapshot().await;
+    let orphan = Bytes::from_static(b"bytes no manifest names");
+    let hash = BlobHash::of(&orphan);
+    let blob_key = paths::blob(&sk(), &hash);
+    repo.object_store()
+        .put(&blob_key, PutPayload::from(orphan.clone()))
+        .await
+        .unwrap();
+    // Sealed long ago: ripe for sweeping if anyone reads it.
+    let record = CondemnationRecord {
+        format_version: GC_RECORD_FORMAT_VERSION,
+        condemned_at: 0,
+        sealed_at: Some(0),
+        blobs: vec![CondemnedBlob {
+            blake3: hash,
+            size: orphan.len() as u64,
+        }],
+    };
+    let body = serde_json::to_vec(&record).unwrap();
+    let mut padded = body.clone();
+    padded.resize(body.len() + (64 << 20), b' ');
+    let huge_key = paths::gc_record(&sk(), ulid::Ulid::from_parts(1, 1));
+    repo.object_store()
+        .put(&huge_key, PutPayload::from(padded))
+        .await
+        .unwrap();
+    clock.advance_ms(3 * 3_600_000);
+    let report = repo.gc_store(&sk(), &GcOptions::default()).await.unwrap();
+    assert_eq!(report.records_dropped, 1, "{report:?}");
+    assert!(report.blobs_deleted.is_empty(), "{report:?}");
+    repo.object_store().head(&blob_key).await.unwrap();
+    assert!(matches!(
+        repo.object_store().head(&huge_key).await,
+        Err(object_store::Error::NotFound { .. })
+    ));
+
+    // Control: the record at its real size is read and sweeps the orphan.
+    let key = paths::gc_record(&sk(), ulid::Ulid::from_parts(2, 1));
+    repo.object_store()
+        .put(&key, PutPayload::from(body))
+        .await
+        .unwrap();
+    let report = repo.gc_store(&sk(), &GcOptions::default()).await.unwrap();
+    assert_eq!(report.records_dropped, 0, "{report:?}");
+    assert!(
+        report.blobs_deleted.iter().any(|b| b.blake3 == hash),
+        "{report:?}"
+    );
+}

@@ -201,3 +201,57 @@ async fn local_first_reuse_never_follows_or_carries_a_symlink() {
 }
 
 use std::os::unix::fs::MetadataExt;
+
+/// Unmounts when dropped, so a failing assertion leaves no mount behind.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A mount point is never emptied or replaced, even marked and adopted: a
+/// restore cannot rename it, and emptying it is not ours to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "mounts a tmpfs, so it needs root; scripts/test.sh runs it (--ignored) when root"]
+async fn a_mount_point_target_is_refused_and_left_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, log, format) = setup(dir.path()).await;
+    let target = dir.path().join("mnt");
+    std::fs::create_dir_all(&target).unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "statesnap-test"])
+        .arg(&target)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount -t tmpfs failed: run as root");
+    let _mounted = Mounted(target.clone());
+    std::fs::write(target.join("precious"), b"keep me").unwrap();
+    std::fs::write(target.join(STORE_MARKER), b"").unwrap();
+    for full_replay in [false, true] {
+        let opts = RestoreOptions {
+            full_replay,
+            replace_unmarked: true,
+            ..RestoreOptions::default()
+        };
+        let err = restore_store(&format, &repo, &sk(), &log, &target, &opts)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(err.message().contains("mount point"), "{err}");
+    }
+    assert_eq!(std::fs::read(target.join("precious")).unwrap(), b"keep me");
+    // A directory inside the mount is fine.
+    let (store, _) = restore_store(
+        &format,
+        &repo,
+        &sk(),
+        &log,
+        &target.join("store"),
+        &RestoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert!(store.get(b"k00042").unwrap().is_some());
+}
