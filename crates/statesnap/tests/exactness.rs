@@ -138,7 +138,7 @@ fn a_memory_store_follows_one_changelog_for_life() {
     let (store, log) = s.into_parts();
     let bound = store.binding().unwrap().unwrap();
     assert_eq!(bound, ChangelogBinding::of(&log).unwrap());
-    assert_eq!(store.cut().binding, Some(bound), "the cut carries it");
+    assert_eq!(store.cut().binding(), Some(&bound), "the cut carries it");
     drop(log);
     std::fs::remove_dir_all(dir.path().join("a")).unwrap();
     let recreated = open_log(&dir.path().join("a"));

@@ -35,7 +35,9 @@ use statesnap::clock::{Clock, ManualClock, SystemClock};
 use statesnap::format::portable::PortableFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
-use statesnap::repo::{GcOptions, Manifest, Repository, RetentionPolicy, SnapshotId, StoreKey};
+use statesnap::repo::{
+    GcOptions, Manifest, Repository, RetentionPolicy, SeededEntropy, SnapshotId, StoreKey,
+};
 use statesnap::restore::{ReplayOptions, RestoreOptions, restore_store};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
@@ -201,7 +203,8 @@ where
         ));
         let repo = Repository::from_store(Arc::clone(&faults) as Arc<dyn ObjectStore>, "")
             .unwrap()
-            .with_clock(Arc::new(clock.clone()));
+            .with_clock(Arc::new(clock.clone()))
+            .with_entropy(Arc::new(SeededEntropy::new(seed)));
         let mut sim = Sim {
             rng,
             seed,

@@ -119,10 +119,11 @@ enum CutContents {
 impl PortableCut {
     /// An O(1) cut of a [`MemoryStore`]; deltas can be computed against it.
     pub fn from_memory(cut: MemoryCut) -> Self {
+        let (map, applied_offset, bytes, binding) = cut.into_parts();
         PortableCut {
-            applied_offset: cut.applied_offset,
-            binding: cut.binding,
-            contents: CutContents::Memory(cut.map, cut.bytes),
+            applied_offset,
+            binding,
+            contents: CutContents::Memory(map, bytes),
         }
     }
 

@@ -191,7 +191,7 @@ impl Repository {
         first: BytesMut,
         mut reader: R,
     ) -> Result<PutOutcome> {
-        let staging = paths::staging(sk, super::commit::new_ulid(&*self.clock));
+        let staging = paths::staging(sk, self.new_ulid());
         let upload = self
             .store
             .put_multipart(&staging)
@@ -384,10 +384,7 @@ impl Repository {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let tmp = parent.join(format!(
-            ".{name}.partial-{}",
-            super::commit::new_ulid(&*self.clock)
-        ));
+        let tmp = parent.join(format!(".{name}.partial-{}", self.new_ulid()));
         let res = self.download_to(sk, blob, &tmp).await;
         match res {
             Ok(()) => tokio::fs::rename(&tmp, dest).await.map_err(|e| {

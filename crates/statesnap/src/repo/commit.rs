@@ -11,14 +11,7 @@ use std::collections::BTreeMap;
 use super::manifest::{FileEntry, Manifest, ManifestDraft, validate_file_path};
 use super::paths::{BlobHash, SnapshotId, StoreKey};
 use super::{Repository, gc, map_store_error};
-use crate::clock::Clock;
 use crate::error::{Error, ErrorKind, Result};
-
-/// A fresh ULID: the clock's milliseconds plus 80 random bits.
-pub(crate) fn new_ulid(clock: &dyn Clock) -> ulid::Ulid {
-    let ms = u64::try_from(clock.now_ms()).unwrap_or(0);
-    ulid::Ulid::from_parts(ms, uuid::Uuid::new_v4().as_u128())
-}
 
 fn ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -29,7 +22,7 @@ impl Repository {
     /// re-checks every blob, and writes the manifest with `PutMode::Create`.
     pub async fn commit(&self, draft: ManifestDraft) -> Result<Manifest> {
         let now = self.clock.now_ms();
-        let id = SnapshotId(new_ulid(&*self.clock));
+        let id = SnapshotId(self.new_ulid());
         let manifest = Manifest::from_draft(draft, id, now)?;
         self.commit_manifest(&manifest).await?;
         Ok(manifest)

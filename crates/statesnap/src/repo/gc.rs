@@ -400,7 +400,7 @@ impl Repository {
         if !victims.is_empty() {
             report.bytes_condemned = victims.iter().map(|b| b.size).sum();
             if !dry {
-                let key = paths::gc_record(sk, super::commit::new_ulid(&*self.clock));
+                let key = paths::gc_record(sk, self.new_ulid());
                 let mut rec = CondemnationRecord {
                     format_version: GC_RECORD_FORMAT_VERSION,
                     condemned_at: self.clock.now_ms(),

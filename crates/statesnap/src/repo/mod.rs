@@ -47,7 +47,7 @@ pub use gc::{GcOptions, GcReport};
 pub use manifest::{
     ChangelogPosition, FileEntry, Manifest, ManifestDraft, SnapshotStats, StoreFormatId,
 };
-pub use paths::{BlobHash, SnapshotId, StoreKey};
+pub use paths::{BlobHash, Entropy, SeededEntropy, SharedEntropy, SnapshotId, StoreKey};
 pub use retention::{RetentionPlan, RetentionPolicy};
 pub use verify::{BadBlob, VerifyOptions, VerifyProgress, VerifyReport};
 
@@ -75,6 +75,8 @@ pub struct RepositoryOptions {
     pub store_options: BTreeMap<String, String>,
     /// Time source for `created_at`, retention and gc.
     pub clock: SharedClock,
+    /// Randomness for new ids and keys.
+    pub entropy: SharedEntropy,
     /// Transfer tuning.
     pub transfer: TransferOptions,
     /// The longest a snapshot commit may take from its blob re-check to its
@@ -88,6 +90,7 @@ impl Default for RepositoryOptions {
         RepositoryOptions {
             store_options: BTreeMap::new(),
             clock: system_clock(),
+            entropy: paths::os_entropy(),
             transfer: TransferOptions::default(),
             max_commit_duration: Duration::from_secs(600),
         }
@@ -100,6 +103,7 @@ pub struct Repository {
     store: Arc<dyn ObjectStore>,
     url: String,
     clock: SharedClock,
+    entropy: SharedEntropy,
     transfer: TransferOptions,
     max_commit_duration: Duration,
 }
@@ -151,6 +155,7 @@ impl Repository {
             url: format!("store://{prefix}"),
             store,
             clock: opts.clock,
+            entropy: opts.entropy,
             transfer: opts.transfer,
             max_commit_duration: opts.max_commit_duration,
         })
@@ -160,6 +165,18 @@ impl Repository {
     pub fn with_clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// The same repository with another entropy source (simulations use a
+    /// [`paths::SeededEntropy`]).
+    pub fn with_entropy(mut self, entropy: SharedEntropy) -> Self {
+        self.entropy = entropy;
+        self
+    }
+
+    /// A fresh ULID for a new id or key (clock + entropy).
+    pub(crate) fn new_ulid(&self) -> ulid::Ulid {
+        paths::new_ulid(&*self.clock, &*self.entropy)
     }
 
     /// The same repository with other transfer options.

@@ -17,8 +17,73 @@
 use object_store::path::Path;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
+
+/// Where the random part of new ids (snapshot ids, staging, gc and
+/// quarantine keys) comes from: injectable like the clock, so a seeded
+/// simulation mints the same keys every run.
+pub trait Entropy: Send + Sync + fmt::Debug {
+    /// 128 random bits (a ULID uses the low 80).
+    fn random_u128(&self) -> u128;
+}
+
+/// A shared entropy source.
+pub type SharedEntropy = Arc<dyn Entropy>;
+
+/// The operating system's randomness (the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OsEntropy;
+
+impl Entropy for OsEntropy {
+    fn random_u128(&self) -> u128 {
+        uuid::Uuid::new_v4().as_u128()
+    }
+}
+
+/// A deterministic sequence from a seed (splitmix64), for tests and
+/// simulations. Not for production: ids from two processes with the same
+/// seed collide.
+#[derive(Debug)]
+pub struct SeededEntropy(Mutex<u64>);
+
+impl SeededEntropy {
+    /// A sequence starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        SeededEntropy(Mutex::new(seed))
+    }
+
+    fn next_u64(&self) -> u64 {
+        let mut s = match self.0.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+impl Entropy for SeededEntropy {
+    fn random_u128(&self) -> u128 {
+        (u128::from(self.next_u64()) << 64) | u128::from(self.next_u64())
+    }
+}
+
+/// The default entropy source, [`OsEntropy`].
+pub fn os_entropy() -> SharedEntropy {
+    Arc::new(OsEntropy)
+}
+
+/// A fresh ULID for a new key: the clock's milliseconds plus 80 random bits.
+pub(crate) fn new_ulid(clock: &dyn Clock, entropy: &dyn Entropy) -> ulid::Ulid {
+    let ms = u64::try_from(clock.now_ms()).unwrap_or(0);
+    ulid::Ulid::from_parts(ms, entropy.random_u128())
+}
 
 /// The repository marker object.
 pub const MARKER: &str = "statesnap.json";
@@ -444,6 +509,21 @@ pub fn parse_blob(key: &Path) -> Option<(StoreKey, BlobHash)> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn seeded_entropy_mints_the_same_ids_for_the_same_seed() {
+        let clock = crate::clock::ManualClock::new(1_700_000_000_000);
+        let ids = |seed| {
+            let e = SeededEntropy::new(seed);
+            (0..4).map(|_| new_ulid(&clock, &e)).collect::<Vec<_>>()
+        };
+        assert_eq!(ids(7), ids(7));
+        assert_ne!(ids(7), ids(8));
+        let a = ids(7);
+        assert!(a.windows(2).all(|w| w[0] != w[1]), "{a:?}");
+        assert!(a.iter().all(|u| u.timestamp_ms() == 1_700_000_000_000));
+        assert_ne!(new_ulid(&clock, &OsEntropy), new_ulid(&clock, &OsEntropy));
+    }
 
     fn name() -> impl Strategy<Value = String> {
         "[A-Za-z0-9_-]{1,40}"

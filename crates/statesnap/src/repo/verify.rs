@@ -211,7 +211,7 @@ impl Repository {
     /// blob space. Returns the quarantine key.
     async fn quarantine_blob(&self, sk: &StoreKey, hash: &BlobHash) -> Result<String> {
         let from = paths::blob(sk, hash);
-        let to = paths::quarantine(sk, hash, super::commit::new_ulid(&*self.clock));
+        let to = paths::quarantine(sk, hash, self.new_ulid());
         self.store.copy(&from, &to).await.map_err(|e| {
             map_store_error(e, &format!("cannot quarantine blob key=`{from}` to=`{to}`"))
         })?;

@@ -14,7 +14,7 @@ use std::ops::Bound;
 use super::{KeyValue, KvIter, StateStore, ensure_follows};
 use crate::changelog::{Changelog, ChangelogBinding, Record};
 use crate::error::{Error, Result};
-use crate::restore::{ReplayOptions, ReplayProgress, ReplayReport, replay};
+use crate::store::replay::{ReplayOptions, ReplayProgress, ReplayReport, replay};
 
 /// A [`StateStore`] whose writes are logged to a [`Changelog`].
 #[derive(Debug)]

@@ -27,16 +27,65 @@ pub struct MemoryStore {
 
 /// A consistent, immutable cut of a [`MemoryStore`]: its contents and the
 /// changelog offset they reflect, taken together (design invariant 2).
+///
+/// Read it through its methods; the persistent map inside is an
+/// implementation detail (formats inside the crate take it apart with
+/// `into_parts` to compute deltas).
 #[derive(Debug, Clone)]
 pub struct MemoryCut {
-    /// The contents at the cut.
-    pub map: OrdMap<Bytes, Bytes>,
+    map: OrdMap<Bytes, Bytes>,
+    applied_offset: Option<u64>,
+    bytes: u64,
+    binding: Option<ChangelogBinding>,
+}
+
+impl MemoryCut {
     /// The offset the contents reflect.
-    pub applied_offset: Option<u64>,
-    /// Logical bytes (keys + values) at the cut.
-    pub bytes: u64,
+    pub fn applied_offset(&self) -> Option<u64> {
+        self.applied_offset
+    }
+
     /// The changelog incarnation the offset belongs to.
-    pub binding: Option<ChangelogBinding>,
+    pub fn binding(&self) -> Option<&ChangelogBinding> {
+        self.binding.as_ref()
+    }
+
+    /// Logical bytes (keys + values) at the cut.
+    pub fn logical_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Number of keys at the cut.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the cut holds no keys.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The value of `key` at the cut.
+    pub fn get(&self, key: &[u8]) -> Option<&Bytes> {
+        self.map.get(key)
+    }
+
+    /// Every entry at the cut, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &Bytes)> {
+        self.map.iter()
+    }
+
+    /// Map, offset, logical bytes and binding, for formats in this crate.
+    pub(crate) fn into_parts(
+        self,
+    ) -> (
+        OrdMap<Bytes, Bytes>,
+        Option<u64>,
+        u64,
+        Option<ChangelogBinding>,
+    ) {
+        (self.map, self.applied_offset, self.bytes, self.binding)
+    }
 }
 
 impl MemoryStore {

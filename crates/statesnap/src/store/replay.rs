@@ -1,5 +1,7 @@
-//! Full-replay restore: bring a store (empty or behind) up to its changelog's
-//! end by reading from `applied_offset + 1` in batches.
+//! Replay: bring a store (empty or behind) up to its changelog's end by
+//! reading from `applied_offset + 1` in batches. The step both
+//! [`LoggedStore`](crate::store::logged::LoggedStore) (catch-up, gap replay)
+//! and [`crate::restore`] (the tail after a snapshot, or a full replay) use.
 
 use std::time::{Duration, Instant};
 
