@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::format::{self, SegmentHeader};
+use super::codec::{self, SegmentHeader};
 use super::segment::{IndexBuilder, Segment};
 use super::{COMPACTING_SUFFIX, FileChangelog, io_err, lock, meta, read_shared, write_shared};
 use crate::changelog::Horizon;
@@ -132,7 +132,7 @@ impl FileChangelog {
         // Pass 1: the newest offset of every key, closed segments then the
         // active one (up to what is written now; later appends only supersede more).
         let mut newest: HashMap<Bytes, u64> = HashMap::new();
-        let mut note = |buf: &[u8], r: &format::RawRecord| {
+        let mut note = |buf: &[u8], r: &codec::RawRecord| {
             let key = &buf[r.key.clone()];
             match newest.get_mut(key) {
                 Some(o) => *o = r.offset,
@@ -145,7 +145,7 @@ impl FileChangelog {
             let next_base = closed.get(i + 1).map_or(active.base, |s| s.base);
             let buf = seg.read_all()?;
             let mut beyond = None;
-            let end = format::scan_records(&buf, seg.base, &seg.path, |r| {
+            let end = codec::scan_records(&buf, seg.base, &seg.path, |r| {
                 if r.offset >= next_base {
                     beyond.get_or_insert(r.offset);
                 }
@@ -162,7 +162,7 @@ impl FileChangelog {
             report.bytes_before += buf.len() as u64;
         }
         let abuf = active.read_all()?;
-        format::scan_records(&abuf, active.base, &active.path, |r| note(&abuf, r))?;
+        codec::scan_records(&abuf, active.base, &active.path, |r| note(&abuf, r))?;
         drop(abuf);
 
         // Pass 2: write the compacted segments to temporary files.
@@ -178,13 +178,13 @@ impl FileChangelog {
                 let mut out = header.encode().to_vec();
                 let mut index = IndexBuilder::new();
                 let (mut total, mut kept) = (0u64, 0u64);
-                format::scan_records(&buf, seg.base, &seg.path, |r| {
+                codec::scan_records(&buf, seg.base, &seg.path, |r| {
                     total += 1;
                     let is_newest = newest.get(&buf[r.key.clone()]) == Some(&r.offset);
                     let tombstone = r.value.is_none();
                     let expired = tombstone && r.timestamp_ms < cutoff;
                     if is_newest && !expired {
-                        let start = r.key.start - format::FRAME_HEADER_LEN;
+                        let start = r.key.start - codec::FRAME_HEADER_LEN;
                         index.add(r.offset, out.len() as u64);
                         out.extend_from_slice(&buf[start..r.next]);
                         kept += 1;

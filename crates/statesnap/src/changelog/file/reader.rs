@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::format::{self, Frame, HEADER_LEN};
+use super::codec::{self, Frame, HEADER_LEN};
 use super::segment::{IndexBuilder, Segment};
 use crate::changelog::{ChangelogReader, LoggedRecord};
 use crate::error::{Error, Result};
@@ -139,10 +139,10 @@ impl ChangelogReader for FileReader {
             let in_chunk = self.pos >= self.chunk_start
                 && self.pos < self.chunk_start + self.chunk.len() as u64;
             if !in_chunk {
-                self.fill(seg_len, format::FRAME_HEADER_LEN)?;
+                self.fill(seg_len, codec::FRAME_HEADER_LEN)?;
             }
             let at = (self.pos - self.chunk_start) as usize;
-            match format::decode_frame(&self.chunk, at) {
+            match codec::decode_frame(&self.chunk, at) {
                 Frame::Record(r) => {
                     let bad_order = match self.last_offset {
                         Some(l) => r.offset <= l,

@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 
-use super::format::{self, Frame, HEADER_LEN};
+use super::codec::{self, Frame, HEADER_LEN};
 use crate::error::{Error, Result};
 
 /// An index entry is added when this many bytes were written since the last one.
@@ -190,11 +190,11 @@ impl Segment {
         let buf = self.read_all()?;
         let mut b = IndexBuilder::new();
         let mut bound_err = None;
-        let end = format::scan_records(&buf, self.base, &self.path, |r| {
+        let end = codec::scan_records(&buf, self.base, &self.path, |r| {
             if bound_err.is_none() && next_base.is_some_and(|n| r.offset >= n) {
                 bound_err = Some(r.offset);
             }
-            b.add(r.offset, (r.key.start - format::FRAME_HEADER_LEN) as u64);
+            b.add(r.offset, (r.key.start - codec::FRAME_HEADER_LEN) as u64);
         })?;
         if let Some(o) = bound_err {
             return Err(self.beyond_next_base(o, next_base));
@@ -236,7 +236,7 @@ impl Segment {
         loop {
             let want_usize = usize::try_from(want).unwrap_or(usize::MAX);
             let buf = self.read_at(HEADER_LEN as u64, want_usize)?;
-            match format::decode_frame(&buf, 0) {
+            match codec::decode_frame(&buf, 0) {
                 Frame::Record(r) => return Ok(Some(r.offset)),
                 Frame::Incomplete { needed }
                     if (needed as u64) <= avail && needed as u64 > want =>
