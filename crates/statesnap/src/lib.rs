@@ -16,16 +16,11 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> statesnap::Result<()> {
-//! use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-//! use statesnap::changelog::ChangelogId;
-//! use statesnap::format::StoreFormat;
-//! use statesnap::format::portable::PortableFormat;
-//! use statesnap::repo::{Repository, StoreKey};
-//! use statesnap::restore::{RestoreOptions, restore_store};
-//! use statesnap::snapshot::commit_snapshot;
-//! use statesnap::store::logged::LoggedStore;
-//! use statesnap::store::memory::MemoryStore;
-//! use statesnap::store::{StateStore, StateStoreExt};
+//! use statesnap::{
+//!     ChangelogId, FileChangelog, FileChangelogOptions, LoggedStore, MemoryStore, PortableFormat,
+//!     Repository, RestoreOptions, StateStore, StateStoreExt, StoreFormat, StoreKey,
+//!     commit_snapshot, restore_store,
+//! };
 //!
 //! let dir = tempfile::tempdir().expect("tempdir");
 //! let id = ChangelogId::for_store("shop", "carts", 0)?; // topic shop-carts-changelog
@@ -100,3 +95,22 @@ pub mod store;
 mod util;
 
 pub use error::{Error, ErrorKind, Result};
+
+// What a user touches, reachable from the crate root. The modules stay
+// public for everything else (options structs, reports, traits' helpers).
+pub use changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
+#[cfg(feature = "kafka")]
+pub use changelog::kafka::{KafkaChangelog, KafkaOptions};
+pub use changelog::{Changelog, ChangelogId, Record};
+pub use format::StoreFormat;
+pub use format::portable::PortableFormat;
+#[cfg(feature = "rocksdb")]
+pub use format::rocks::RocksFormat;
+pub use repo::{Manifest, Repository, RepositoryOptions, SnapshotId, StoreKey};
+pub use restore::{ReplayOptions, RestoreOptions, RestoreReport, replay, restore_store};
+pub use snapshot::commit_snapshot;
+pub use store::logged::LoggedStore;
+pub use store::memory::MemoryStore;
+#[cfg(feature = "rocksdb")]
+pub use store::rocks::{RocksOptions, RocksStore};
+pub use store::{StateStore, StateStoreExt};

@@ -23,6 +23,7 @@
 pub mod blob;
 pub mod catalog;
 pub mod commit;
+#[cfg(feature = "testing")]
 pub mod faulty;
 pub mod gc;
 pub mod manifest;
