@@ -3,8 +3,9 @@
 //! through the public API the way a new user would misuse it.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -12,9 +13,9 @@ use statesnap::ErrorKind;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId};
 use statesnap::restore::{ReplayOptions, replay};
+use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::{StateStore, StateStoreExt};
 
 fn id() -> ChangelogId {
     ChangelogId::for_store("app", "counts", 0).unwrap()
@@ -24,16 +25,7 @@ fn open_log(dir: &Path) -> FileChangelog {
     FileChangelog::open(dir, id(), FileChangelogOptions::default()).unwrap()
 }
 
-fn contents(s: &impl StateStore) -> BTreeMap<Bytes, Bytes> {
-    s.iter().unwrap().map(|kv| kv.unwrap()).collect()
-}
-
-/// What a full replay of `log` into a new store holds.
-fn replayed<C: Changelog + ?Sized>(log: &C) -> (BTreeMap<Bytes, Bytes>, Option<u64>) {
-    let mut s = MemoryStore::new();
-    replay(&mut s, log, &ReplayOptions::default(), &mut |_| {}).unwrap();
-    (contents(&s), s.applied_offset().unwrap())
-}
+use common::{contents, replayed};
 
 /// Defect 1a: a store behind its changelog that commits without catching
 /// up used to apply its batch at the batch's own offset, skipping the records

@@ -3,6 +3,8 @@
 //! its horizon, crash leftovers, and model tests.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -77,9 +79,7 @@ fn log_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn flip_byte(path: &Path, at: u64) {
-    let mut b = fs::read(path).unwrap();
-    b[at as usize] ^= 0x5a;
-    fs::write(path, b).unwrap();
+    common::flip_file_byte(path, at, 0x5a);
 }
 
 #[test]

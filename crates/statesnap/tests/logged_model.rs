@@ -5,6 +5,8 @@
 //! batch, as a Kafka producer or a cut-short file write can.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -15,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::{Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, Record};
 use statesnap::restore::ReplayOptions;
+use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::{StateStore, StateStoreExt};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -52,9 +54,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn key(k: u8) -> Bytes {
-    Bytes::from(format!("key-{k:03}"))
-}
+use common::{apply_to, contents, key};
 
 fn small_segments() -> FileChangelogOptions {
     FileChangelogOptions {
@@ -110,18 +110,6 @@ impl Changelog for Flaky {
     }
 }
 
-fn apply_to(
-    model: &mut BTreeMap<Bytes, Bytes>,
-    writes: impl IntoIterator<Item = (Bytes, Option<Bytes>)>,
-) {
-    for (k, v) in writes {
-        match v {
-            Some(v) => model.insert(k, v),
-            None => model.remove(&k),
-        };
-    }
-}
-
 trait Factory {
     type S: StateStore;
     fn open(&mut self, dir: &Path, lose: bool) -> Self::S;
@@ -148,10 +136,6 @@ impl Factory for Rocks {
         }
         statesnap::store::rocks::RocksStore::open(&p, &Default::default()).unwrap()
     }
-}
-
-fn contents<S: StateStore>(s: &S) -> BTreeMap<Bytes, Bytes> {
-    s.iter().unwrap().map(|kv| kv.unwrap()).collect()
 }
 
 fn run<F: Factory>(mut f: F, ops: Vec<Op>) {

@@ -5,6 +5,8 @@
 //! MemoryStore both ways and a RocksStore model test.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
 use object_store::memory::InMemory;
 use std::collections::BTreeMap;
@@ -22,7 +24,7 @@ use statesnap::restore::{RestoreOptions, restore_store};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::{KvIter, SizeEstimate, StateStore, StateStoreExt, in_bounds};
+use statesnap::store::{KvIter, SizeEstimate, StateStore, in_bounds};
 
 /// A custom store: a `BTreeMap` and an offset. It writes no format of its
 /// own — one line of `PortableSource` gives it snapshots.
@@ -87,9 +89,7 @@ impl PortableSource for TreeStore {
     }
 }
 
-fn contents<S: StateStore>(s: &S) -> BTreeMap<Bytes, Bytes> {
-    s.iter().unwrap().map(|kv| kv.unwrap()).collect()
-}
+use common::contents;
 
 /// Writes through a `LoggedStore<A>`, snapshots it with `fa`, writes a
 /// tail, then restores with `fb` (store type B) and checks B == A.

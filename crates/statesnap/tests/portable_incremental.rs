@@ -4,9 +4,11 @@
 //! every snapshot a kept delta depends on.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
 use object_store::memory::InMemory;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{BlobRef, GcOptions, Manifest, Repository, RetentionPolicy, StoreKey};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::{StateStore, StateStoreExt, ensure_follows};
+use statesnap::store::{StateStore, ensure_follows};
 
 fn key(i: u64) -> Bytes {
     Bytes::from(format!("user:{i:010}"))
@@ -39,17 +41,7 @@ fn value(i: u64, generation: u64) -> Bytes {
     Bytes::from(v)
 }
 
-/// A splitmix64 stream, seeded: deterministic "random" key choices.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
+use common::Rng;
 
 struct Env {
     repo: Repository,
@@ -113,9 +105,7 @@ impl Env {
     }
 }
 
-fn contents<S: StateStore>(s: &S) -> BTreeMap<Bytes, Bytes> {
-    s.iter().unwrap().map(|kv| kv.unwrap()).collect()
-}
+use common::contents;
 
 fn fill(env: &mut Env, store: &mut MemoryStore, n: u64) {
     let mut batch = Vec::with_capacity(10_000);

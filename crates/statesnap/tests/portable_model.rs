@@ -4,6 +4,8 @@
 //! checked against a `BTreeMap` of committed writes.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
 use object_store::memory::InMemory;
 use proptest::prelude::*;
@@ -18,9 +20,9 @@ use statesnap::format::portable::{DeltaPolicy, LayerKind, PortableFormat, Portab
 use statesnap::repo::{Manifest, Repository, StoreKey};
 use statesnap::restore::{RestoreOptions, restore_store};
 use statesnap::snapshot::commit_snapshot;
+use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::{StateStore, StateStoreExt};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -46,10 +48,6 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn key(k: u8) -> Bytes {
-    Bytes::from(format!("key-{k:03}"))
-}
-
 fn small_chunks() -> ChunkParams {
     ChunkParams {
         min: 32,
@@ -69,9 +67,7 @@ fn format() -> PortableFormat<MemoryStore> {
         })
 }
 
-fn contents<S: StateStore>(s: &S) -> BTreeMap<Bytes, Bytes> {
-    s.iter().unwrap().map(|kv| kv.unwrap()).collect()
-}
+use common::{apply_to, contents, key};
 
 fn commit(
     ls: &mut LoggedStore<MemoryStore, FileChangelog>,
@@ -79,12 +75,7 @@ fn commit(
     pending: &mut BTreeMap<Bytes, Option<Bytes>>,
 ) {
     ls.commit().unwrap();
-    for (k, v) in std::mem::take(pending) {
-        match v {
-            Some(v) => committed.insert(k, v),
-            None => committed.remove(&k),
-        };
-    }
+    apply_to(committed, std::mem::take(pending));
 }
 
 async fn run(ops: Vec<Op>) {

@@ -9,6 +9,8 @@
 #![cfg(feature = "rocksdb")]
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -25,7 +27,7 @@ use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{Repository, RepositoryOptions, StoreKey};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
-use statesnap::store::{KvIter, SizeEstimate, StateStore, StateStoreExt};
+use statesnap::store::{KvIter, SizeEstimate, StateStore};
 
 const CHILD_ENV: &str = "STATESNAP_RESTORE_CRASH_DIR";
 const ABORT_ENV: &str = "STATESNAP_RESTORE_CRASH_ABORT_AT";
@@ -56,9 +58,7 @@ fn target(dir: &Path) -> PathBuf {
     dir.join("store")
 }
 
-fn contents(s: &impl StateStore) -> Model {
-    s.iter().unwrap().map(|kv| kv.unwrap()).collect()
-}
+use common::contents;
 
 fn snapshot_model() -> Model {
     (0..KEYS)

@@ -4,9 +4,10 @@
 //! uploads the bytes again.
 #![allow(clippy::unwrap_used)]
 
-use bytes::Bytes;
+mod common;
+
+use object_store::ObjectStore;
 use object_store::memory::InMemory;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use std::sync::{Arc, Mutex};
 
 use statesnap::ErrorKind;
@@ -61,20 +62,7 @@ async fn verify_finds_quarantines_and_the_next_snapshot_heals() {
 
     // Rot one blob: same size, one byte flipped.
     let victim = first.files[first.files.len() / 2].clone();
-    let key = paths::blob(&sk(), &victim.blake3);
-    let mut bytes = base
-        .get(&key)
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap()
-        .to_vec();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x40;
-    base.put(&key, PutPayload::from(Bytes::from(bytes)))
-        .await
-        .unwrap();
+    common::rot_blob(&base, &sk(), &victim.blake3, 0x40).await;
 
     // A second full snapshot of the same contents dedups onto the bad blob.
     let cut = full_cut(&s);

@@ -4,9 +4,11 @@
 #![cfg(feature = "rocksdb")]
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
+use object_store::ObjectStore;
 use object_store::memory::InMemory;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -20,7 +22,7 @@ use statesnap::clock::{Clock, ManualClock, SystemClock};
 use statesnap::format::rocks::RocksFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
-use statesnap::repo::{GcOptions, Manifest, Repository, StoreKey, paths};
+use statesnap::repo::{GcOptions, Manifest, Repository, StoreKey};
 use statesnap::restore::{ReplayOptions, RestoreOptions, replay, restore_store};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
@@ -483,18 +485,7 @@ fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
 
 async fn flip_byte(base: &Arc<dyn ObjectStore>, m: &Manifest, path: &str) {
     let f = m.files.iter().find(|f| f.path == path).unwrap();
-    let key = paths::blob(&m.store_key, &f.blake3);
-    let mut bytes = base
-        .get(&key)
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap()
-        .to_vec();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x01;
-    base.put(&key, PutPayload::from(bytes)).await.unwrap();
+    common::rot_blob(base, &m.store_key, &f.blake3, 0x01).await;
 }
 
 #[test]

@@ -18,6 +18,8 @@
 //! replay it), `STATESNAP_SIM_STEPS` the steps per seed (default 60).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -40,31 +42,13 @@ use statesnap::repo::{
 };
 use statesnap::restore::{ReplayOptions, RestoreOptions, restore_store};
 use statesnap::snapshot::commit_snapshot;
+use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::{StateStore, StateStoreExt};
 
-type Kv = BTreeMap<Bytes, Bytes>;
 type Log = Arc<FileChangelog>;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use common::{Kv, Rng, contents};
 
 /// One store type with its format, as the simulation needs it.
 trait Kind {
@@ -132,10 +116,6 @@ mod rocks_kinds {
                 .then(|| RocksStore::open(dir, &opts()).unwrap())
         }
     }
-}
-
-fn contents<S: StateStore + ?Sized>(s: &S) -> Kv {
-    s.iter().unwrap().map(|kv| kv.unwrap()).collect()
 }
 
 /// The changelog's state after offset `o` (inclusive), from the model.

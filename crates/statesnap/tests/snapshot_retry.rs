@@ -4,11 +4,11 @@
 //! an idle store). Now the writer re-uploads what is gone, from the cut.
 #![allow(clippy::unwrap_used)]
 
-use bytes::Bytes;
+mod common;
+
 use futures::TryStreamExt;
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use statesnap::changelog::ChangelogId;
@@ -18,9 +18,9 @@ use statesnap::format::portable::PortableFormat;
 use statesnap::repo::{Manifest, Repository, StoreKey};
 use statesnap::restore::{RestoreOptions, restore_store};
 use statesnap::snapshot::commit_snapshot;
+use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::{StateStore, StateStoreExt};
 
 fn id() -> ChangelogId {
     ChangelogId::for_store("app", "retry", 0).unwrap()
@@ -30,9 +30,7 @@ fn sk() -> StoreKey {
     StoreKey::new("app", "retry", 0).unwrap()
 }
 
-fn contents(s: &impl StateStore) -> BTreeMap<Bytes, Bytes> {
-    s.iter().unwrap().map(|kv| kv.unwrap()).collect()
-}
+use common::contents;
 
 /// Deletes every blob of the store (what retention + gc do once the
 /// parent's manifest is dropped while the writer still holds it).
