@@ -53,6 +53,29 @@ async fn setup(dir: &Path) -> (Repository, FileChangelog, RocksFormat) {
     (repo, log, format)
 }
 
+/// Restoring into `target` fails `config` naming `why`, from a snapshot and
+/// by full replay, even with `replace_unmarked`.
+async fn refused_even_when_adopted(
+    repo: &Repository,
+    log: &FileChangelog,
+    format: &RocksFormat,
+    target: &Path,
+    why: &str,
+) {
+    for full_replay in [false, true] {
+        let opts = RestoreOptions {
+            full_replay,
+            replace_unmarked: true,
+            ..RestoreOptions::default()
+        };
+        let err = restore_store(format, repo, &sk(), log, target, &opts)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(err.message().contains(why), "{err}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_empty_foreign_directory_is_refused_unless_adopted() {
     let dir = tempfile::tempdir().unwrap();
@@ -124,18 +147,7 @@ async fn a_symlinked_target_is_refused_and_its_destination_untouched() {
     std::fs::write(elsewhere.join(STORE_MARKER), b"").unwrap();
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
-    for full_replay in [false, true] {
-        let opts = RestoreOptions {
-            full_replay,
-            replace_unmarked: true,
-            ..RestoreOptions::default()
-        };
-        let err = restore_store(&format, &repo, &sk(), &log, &link, &opts)
-            .await
-            .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
-        assert!(err.message().contains("symbolic link"), "{err}");
-    }
+    refused_even_when_adopted(&repo, &log, &format, &link, "symbolic link").await;
     assert_eq!(
         std::fs::read(elsewhere.join("precious")).unwrap(),
         b"keep me"
@@ -229,18 +241,7 @@ async fn a_mount_point_target_is_refused_and_left_whole() {
     let _mounted = Mounted(target.clone());
     std::fs::write(target.join("precious"), b"keep me").unwrap();
     std::fs::write(target.join(STORE_MARKER), b"").unwrap();
-    for full_replay in [false, true] {
-        let opts = RestoreOptions {
-            full_replay,
-            replace_unmarked: true,
-            ..RestoreOptions::default()
-        };
-        let err = restore_store(&format, &repo, &sk(), &log, &target, &opts)
-            .await
-            .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
-        assert!(err.message().contains("mount point"), "{err}");
-    }
+    refused_even_when_adopted(&repo, &log, &format, &target, "mount point").await;
     assert_eq!(std::fs::read(target.join("precious")).unwrap(), b"keep me");
     // A directory inside the mount is fine.
     let (store, _) = restore_store(
