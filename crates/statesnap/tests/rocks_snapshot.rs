@@ -20,7 +20,7 @@ use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolic
 use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
 use statesnap::clock::{Clock, ManualClock, SystemClock};
 use statesnap::format::rocks::RocksFormat;
-use statesnap::format::{RestoreContext, StoreFormat};
+use statesnap::format::{RestoreContext, RestoreStats, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::repo::{GcOptions, Manifest, Repository, StoreKey};
 use statesnap::restore::{ReplayOptions, RestoreOptions, replay, restore_store};
@@ -433,6 +433,24 @@ struct TwoSnaps {
     model: Model,
 }
 
+impl TwoSnaps {
+    /// Restores snapshot `m` into `target` with the fixture's format.
+    fn restore(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        m: &Manifest,
+        target: &Path,
+    ) -> statesnap::Result<(RocksStore, RestoreStats)> {
+        rt.block_on(self.format.restore(
+            m,
+            RestoreContext {
+                repo: &self.repo,
+                target,
+            },
+        ))
+    }
+}
+
 fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
     let dir = tempfile::tempdir().unwrap();
     let log = FileChangelog::open(
@@ -510,15 +528,7 @@ fn corrupt_sst_fails_restore_naming_the_file_and_restore_store_falls_back() {
     std::fs::write(target.join("precious"), b"keep me").unwrap();
     // A store directory (marked): restores may replace it, but only whole.
     statesnap::store::mark_store_dir(&target).unwrap();
-    let err = rt
-        .block_on(s.format.restore(
-            &s.new,
-            RestoreContext {
-                repo: &s.repo,
-                target: &target,
-            },
-        ))
-        .unwrap_err();
+    let err = s.restore(&rt, &s.new, &target).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     assert!(
         err.to_string().contains(&format!("file=`{victim}`")),
@@ -608,15 +618,7 @@ fn a_failed_restore_never_leaves_staging_behind_whichever_file_is_corrupt() {
     for victim in &victims {
         rt.block_on(flip_byte(&s.base, &s.new, victim));
         for round in 0..8 {
-            let err = rt
-                .block_on(s.format.restore(
-                    &s.new,
-                    RestoreContext {
-                        repo: &s.repo,
-                        target: &target,
-                    },
-                ))
-                .unwrap_err();
+            let err = s.restore(&rt, &s.new, &target).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
             assert!(err.to_string().contains(victim.as_str()), "{err}");
             assert_eq!(
@@ -633,15 +635,7 @@ fn a_failed_restore_never_leaves_staging_behind_whichever_file_is_corrupt() {
         rt.block_on(flip_byte(&s.base, &s.new, victim));
     }
     // All intact again: the restore succeeds.
-    let (store, _) = rt
-        .block_on(s.format.restore(
-            &s.new,
-            RestoreContext {
-                repo: &s.repo,
-                target: &target,
-            },
-        ))
-        .unwrap();
+    let (store, _) = s.restore(&rt, &s.new, &target).unwrap();
     assert!(store.applied_offset().unwrap() == Some(s.new.changelog.offset));
 }
 
@@ -651,15 +645,7 @@ fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
     let s = two_snapshots(&rt);
     // The target holds a store restored from the older snapshot.
     let target = s.dir.path().join("target");
-    let (old_store, _) = rt
-        .block_on(s.format.restore(
-            &s.old,
-            RestoreContext {
-                repo: &s.repo,
-                target: &target,
-            },
-        ))
-        .unwrap();
+    let (old_store, _) = s.restore(&rt, &s.old, &target).unwrap();
     let before_contents = contents(&old_store);
     drop(old_store);
 
@@ -725,15 +711,7 @@ fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
         drop(reopened);
     }
     let before = dir_listing(&target);
-    let (store, stats) = rt
-        .block_on(s.format.restore(
-            &s.new,
-            RestoreContext {
-                repo: &s.repo,
-                target: &target,
-            },
-        ))
-        .unwrap();
+    let (store, stats) = s.restore(&rt, &s.new, &target).unwrap();
     assert_eq!(
         store.applied_offset().unwrap(),
         Some(s.new.changelog.offset)
@@ -761,15 +739,7 @@ fn local_file_with_same_name_and_size_but_other_bytes_is_not_reused() {
     let rt = rt();
     let s = two_snapshots(&rt);
     let target = s.dir.path().join("target");
-    let (st, _) = rt
-        .block_on(s.format.restore(
-            &s.old,
-            RestoreContext {
-                repo: &s.repo,
-                target: &target,
-            },
-        ))
-        .unwrap();
+    let (st, _) = s.restore(&rt, &s.old, &target).unwrap();
     drop(st);
     // Tamper with a local SST the snapshot also names: same name, same size.
     let f = s
@@ -783,15 +753,7 @@ fn local_file_with_same_name_and_size_but_other_bytes_is_not_reused() {
     b[10] ^= 0xff;
     std::fs::remove_file(&p).unwrap();
     std::fs::write(&p, &b).unwrap();
-    let (store, stats) = rt
-        .block_on(s.format.restore(
-            &s.old,
-            RestoreContext {
-                repo: &s.repo,
-                target: &target,
-            },
-        ))
-        .unwrap();
+    let (store, stats) = s.restore(&rt, &s.old, &target).unwrap();
     assert_eq!(
         stats.files_reused_locally as usize,
         s.old
