@@ -37,6 +37,11 @@ impl Repository {
     /// 4. refuse if more than `max_commit_duration` passed since `t0`, or a
     ///    named blob was condemned more than `max_commit_duration` ago,
     /// 5. conditional create of the manifest.
+    ///
+    /// Hidden: writers commit through [`SnapshotWriter::commit`] or
+    /// [`Repository::commit`]; this is for tests that commit hand-built
+    /// manifests.
+    #[doc(hidden)]
     pub async fn commit_manifest(&self, manifest: &Manifest) -> Result<()> {
         manifest.validate()?;
         let sk = &manifest.store_key;

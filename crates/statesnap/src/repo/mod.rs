@@ -322,7 +322,7 @@ impl Repository {
     }
 
     /// Builds the object store for `url` without touching the marker.
-    pub async fn connect(
+    pub(crate) async fn connect(
         url: &str,
         opts: RepositoryOptions,
         create_dir: bool,
