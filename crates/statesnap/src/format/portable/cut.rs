@@ -1,0 +1,121 @@
+//! What a portable snapshot captures: a consistent cut of a store's contents
+//! and applied offset ([`PortableCut`]), and the stores that produce one
+//! ([`PortableSource`]).
+
+use bytes::Bytes;
+use imbl::OrdMap;
+use std::sync::Arc;
+
+use crate::changelog::ChangelogBinding;
+use crate::error::Result;
+use crate::store::memory::{MemoryCut, MemoryStore};
+use crate::store::{KeyValue, StateStore, StateStoreExt};
+
+/// A store the portable format can snapshot: it produces a consistent cut of
+/// its contents and applied offset.
+///
+/// Implement it in one line for any store with
+/// [`PortableCut::materialize`]; [`MemoryStore`] returns an O(1) cut that
+/// also allows delta snapshots.
+pub trait PortableSource: StateStore {
+    /// A consistent cut: contents and applied offset taken together
+    /// (design invariant 2). Runs on the caller's thread.
+    fn portable_cut(&self) -> Result<PortableCut>;
+}
+
+impl PortableSource for MemoryStore {
+    fn portable_cut(&self) -> Result<PortableCut> {
+        Ok(PortableCut::from_memory(self.cut()))
+    }
+}
+
+#[cfg(feature = "rocksdb")]
+impl PortableSource for crate::store::rocks::RocksStore {
+    fn portable_cut(&self) -> Result<PortableCut> {
+        // `&self` excludes writers for the duration, so iteration and the
+        // offset read see the same state.
+        PortableCut::materialize(self)
+    }
+}
+
+/// A consistent cut of a store for the portable format.
+#[derive(Debug, Clone)]
+pub struct PortableCut {
+    pub(super) applied_offset: Option<u64>,
+    pub(super) binding: Option<ChangelogBinding>,
+    pub(super) contents: CutContents,
+}
+
+#[derive(Debug, Clone)]
+pub(super) enum CutContents {
+    Memory(OrdMap<Bytes, Bytes>, u64),
+    Sorted(Arc<Vec<KeyValue>>, u64),
+}
+
+impl PortableCut {
+    /// An O(1) cut of a [`MemoryStore`]; deltas can be computed against it.
+    pub fn from_memory(cut: MemoryCut) -> Self {
+        let (map, applied_offset, bytes, binding) = cut.into_parts();
+        PortableCut {
+            applied_offset,
+            binding,
+            contents: CutContents::Memory(map, bytes),
+        }
+    }
+
+    /// A cut from entries in strictly ascending key order (checked when the
+    /// snapshot is written), with no binding: add the store's with
+    /// [`PortableCut::with_binding`] (a cut without one cannot be committed).
+    pub fn from_sorted(entries: Vec<KeyValue>, applied_offset: Option<u64>) -> Self {
+        let bytes = entries
+            .iter()
+            .map(|(k, v)| (k.len() + v.len()) as u64)
+            .sum();
+        PortableCut {
+            applied_offset,
+            binding: None,
+            contents: CutContents::Sorted(Arc::new(entries), bytes),
+        }
+    }
+
+    /// The cut, recording that its offset belongs to `binding` (the store's
+    /// [`StateStore::binding`], read together with the offset).
+    pub fn with_binding(mut self, binding: Option<ChangelogBinding>) -> Self {
+        self.binding = binding;
+        self
+    }
+
+    /// Copies every live entry of `store`, in key order, with its applied
+    /// offset: O(n) on the caller's thread, for stores without a cheaper cut.
+    pub fn materialize<S: StateStore + ?Sized>(store: &S) -> Result<Self> {
+        let applied_offset = store.applied_offset()?;
+        let binding = store.binding()?;
+        let entries = store.iter()?.collect::<Result<Vec<_>>>()?;
+        Ok(PortableCut::from_sorted(entries, applied_offset).with_binding(binding))
+    }
+
+    /// The offset the cut reflects.
+    pub fn applied_offset(&self) -> Option<u64> {
+        self.applied_offset
+    }
+
+    /// Live keys in the cut.
+    pub fn len(&self) -> usize {
+        match &self.contents {
+            CutContents::Memory(m, _) => m.len(),
+            CutContents::Sorted(v, _) => v.len(),
+        }
+    }
+
+    /// Whether the cut holds no keys.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Logical bytes (keys + values).
+    pub fn logical_bytes(&self) -> u64 {
+        match &self.contents {
+            CutContents::Memory(_, b) | CutContents::Sorted(_, b) => *b,
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Writing a snapshot, full or a delta over the last cut this format wrote:
+//! records are encoded on a blocking thread while the chunks upload.
+
+use bytes::Bytes;
+use imbl::OrdMap;
+use std::sync::Arc;
+
+use super::chunk::{self, ChunkParams, Chunker};
+use super::cut::{CutContents, PortableCut};
+use super::meta::{LayerKind, LayerMeta, MAX_LAYERS, PortableMetadata, chunk_path};
+use super::{PortableFormat, PortableSource};
+use crate::changelog::Record;
+use crate::error::{Error, Result};
+use crate::format::{FormatOutput, WriteContext};
+use crate::repo::{FileEntry, Manifest, SnapshotStats, SnapshotWriter};
+use crate::store::KeyValue;
+
+/// Sealed chunks buffered between the encoder thread and the uploader.
+const UPLOAD_QUEUE: usize = 4;
+
+/// The last cut this format wrote, kept for computing the next delta.
+#[derive(Debug)]
+pub(super) struct LastWrite {
+    offset: u64,
+    files: Vec<FileEntry>,
+    map: OrdMap<Bytes, Bytes>,
+}
+
+impl<S> PortableFormat<S> {
+    /// Forgets the last written cut, so the next snapshot is full.
+    pub fn forget_last_cut(&self) {
+        *self.lock_last() = None;
+    }
+
+    fn lock_last(&self) -> std::sync::MutexGuard<'_, Option<LastWrite>> {
+        // The guarded value is replaced whole; a poisoned lock holds either
+        // the old or the new value, both consistent.
+        self.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The parent's layers and our last cut, if `parent` is the snapshot this
+    /// format wrote last (same offset, same files).
+    fn delta_base(
+        &self,
+        parent: Option<&Manifest>,
+    ) -> Option<(Vec<LayerMeta>, OrdMap<Bytes, Bytes>)> {
+        let parent = parent?;
+        let last = self.lock_last();
+        let last = last.as_ref()?;
+        if last.offset != parent.changelog.offset || last.files != parent.files {
+            return None;
+        }
+        let meta = PortableMetadata::of(parent).ok()?;
+        Some((meta.layers, last.map.clone()))
+    }
+}
+
+enum Run {
+    Map(OrdMap<Bytes, Bytes>),
+    Sorted(Arc<Vec<KeyValue>>),
+    Records(Vec<Record>),
+}
+
+/// Encodes `run` on a blocking thread and uploads its chunks as layer
+/// `layer` while the next ones are being encoded.
+async fn write_layer(
+    writer: &mut SnapshotWriter,
+    params: ChunkParams,
+    layer: usize,
+    run: Run,
+    kind: LayerKind,
+    offset: u64,
+) -> Result<LayerMeta> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(UPLOAD_QUEUE);
+    let encoder = tokio::task::spawn_blocking(move || -> Result<(u64, u64)> {
+        let mut chunker = Chunker::new(params)?;
+        let mut records = 0u64;
+        let mut logical = 0u64;
+        let emit = |c: Option<Bytes>| -> bool {
+            match c {
+                // A closed channel means the uploader failed; stop quietly,
+                // it reports the error.
+                Some(c) => tx.blocking_send(c).is_ok(),
+                None => true,
+            }
+        };
+        let mut push = |k: &Bytes, v: Option<&Bytes>| -> Result<bool> {
+            records += 1;
+            logical += (k.len() + v.map_or(0, Bytes::len)) as u64;
+            Ok(emit(chunker.push(k, v.map(|v| &v[..]))?))
+        };
+        let completed = match &run {
+            Run::Map(m) => {
+                m.iter().try_fold(
+                    true,
+                    |ok, (k, v)| {
+                        if ok { push(k, Some(v)) } else { Ok(false) }
+                    },
+                )?
+            }
+            Run::Sorted(v) => {
+                v.iter().try_fold(
+                    true,
+                    |ok, (k, v)| {
+                        if ok { push(k, Some(v)) } else { Ok(false) }
+                    },
+                )?
+            }
+            Run::Records(rs) => rs.iter().try_fold(true, |ok, r| {
+                if ok {
+                    push(&r.key, r.value.as_ref())
+                } else {
+                    Ok(false)
+                }
+            })?,
+        };
+        if completed {
+            let last = chunker.finish()?;
+            emit(last);
+        }
+        Ok((records, logical))
+    });
+    let mut chunks = 0u64;
+    while let Some(blob) = rx.recv().await {
+        writer.put_bytes(&chunk_path(layer, chunks), blob).await?;
+        chunks += 1;
+    }
+    let (records, logical_bytes) = encoder
+        .await
+        .map_err(|e| Error::internal("portable encoder task failed").with_source(e))??;
+    Ok(LayerMeta {
+        kind,
+        offset,
+        records,
+        logical_bytes,
+        chunks,
+    })
+}
+
+/// The keys written or deleted between `old` and `new`, ascending.
+fn diff_maps(old: &OrdMap<Bytes, Bytes>, new: &OrdMap<Bytes, Bytes>) -> Vec<Record> {
+    use imbl::ordmap::DiffItem;
+    old.diff(new)
+        .map(|d| match d {
+            DiffItem::Add(k, v) | DiffItem::Update { new: (k, v), .. } => Record {
+                key: k.clone(),
+                value: Some(v.clone()),
+            },
+            DiffItem::Remove(k, _) => Record {
+                key: k.clone(),
+                value: None,
+            },
+        })
+        .collect()
+}
+
+impl<S: PortableSource + 'static> PortableFormat<S> {
+    pub(super) async fn write_impl(
+        &self,
+        cut: PortableCut,
+        ctx: WriteContext<'_>,
+    ) -> Result<FormatOutput> {
+        let offset = cut.applied_offset.ok_or_else(|| {
+            Error::config("nothing to snapshot: the store has applied no changelog record")
+        })?;
+        let stats = SnapshotStats {
+            keys: cut.len() as u64,
+            logical_bytes: cut.logical_bytes(),
+            ..Default::default()
+        };
+        let mut writer = SnapshotWriter::new(ctx.repo, ctx.store_key.clone());
+        let new_map = match &cut.contents {
+            CutContents::Memory(m, _) => Some(m.clone()),
+            CutContents::Sorted(..) => None,
+        };
+        // Delta if the parent is our last cut and the policy allows it, and
+        // the parent's blobs are all still there: gc may have swept them
+        // since, and a delta naming them would fail its commit on every
+        // retry. Then a full snapshot is written from the cut.
+        let mut delta = None;
+        let mut base = self.delta_base(ctx.parent);
+        if base.is_some()
+            && let Some(parent) = ctx.parent
+            && !ctx.repo.blobs_present(ctx.store_key, &parent.files).await?
+        {
+            tracing::warn!(
+                parent = %parent.snapshot_id,
+                "the parent snapshot's blobs are gone (gc?); writing a full snapshot"
+            );
+            self.forget_last_cut();
+            base = None;
+        }
+        if let (true, Some(new), Some((layers, old))) = (self.policy.enabled, new_map.clone(), base)
+            && layers.len() < self.policy.max_chain_len.saturating_add(1).min(MAX_LAYERS)
+        {
+            let records = tokio::task::spawn_blocking(move || diff_maps(&old, &new))
+                .await
+                .map_err(|e| Error::internal("portable diff task failed").with_source(e))?;
+            let new_bytes: u64 = records
+                .iter()
+                .map(|r| (r.key.len() + r.value.as_ref().map_or(0, Bytes::len)) as u64)
+                .sum();
+            let base = layers[0].logical_bytes;
+            let deltas: u64 = layers[1..].iter().map(|l| l.logical_bytes).sum::<u64>() + new_bytes;
+            if u128::from(deltas) * 100
+                <= u128::from(base) * u128::from(self.policy.max_delta_percent)
+            {
+                delta = Some((layers, records));
+            }
+        }
+        let (layers, depends_on) = match (delta, ctx.parent) {
+            (Some((mut layers, records)), Some(parent)) => {
+                for f in &parent.files {
+                    writer.reuse(f.clone())?;
+                }
+                let n = layers.len();
+                let meta = write_layer(
+                    &mut writer,
+                    self.chunking,
+                    n,
+                    Run::Records(records),
+                    LayerKind::Delta,
+                    offset,
+                )
+                .await?;
+                layers.push(meta);
+                let mut deps = parent.depends_on.clone();
+                deps.push(parent.snapshot_id);
+                (layers, deps)
+            }
+            _ => {
+                let run = match cut.contents {
+                    CutContents::Memory(m, _) => Run::Map(m),
+                    CutContents::Sorted(v, _) => Run::Sorted(v),
+                };
+                let meta = write_layer(&mut writer, self.chunking, 0, run, LayerKind::Full, offset)
+                    .await?;
+                (vec![meta], Vec::new())
+            }
+        };
+        if let Some(map) = new_map {
+            *self.lock_last() = Some(LastWrite {
+                offset,
+                files: writer.files().to_vec(),
+                map,
+            });
+        }
+        let metadata = PortableMetadata {
+            chunk_version: chunk::VERSION,
+            layers,
+        };
+        let format_metadata = serde_json::to_value(&metadata)
+            .map_err(|e| Error::internal("cannot serialize portable metadata").with_source(e))?;
+        Ok(FormatOutput {
+            writer,
+            stats,
+            format_metadata,
+            depends_on,
+            required_features: Vec::new(),
+        })
+    }
+}
