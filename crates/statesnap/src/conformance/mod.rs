@@ -5,5 +5,6 @@
 //! tests. The checks panic (like `assert!`) with a message saying what broke.
 
 pub mod changelog;
+pub mod format;
 pub mod repo;
 pub mod store;
