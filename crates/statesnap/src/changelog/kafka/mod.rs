@@ -53,6 +53,14 @@ mod producer;
 mod reader;
 mod wire;
 
+/// The wire-protocol response parsers, for the `kafka_wire` fuzz target
+/// only (feature `fuzzing`); not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod wire_fuzz {
+    pub use super::wire::{TopicId, parse_api_versions, parse_metadata_response};
+}
+
 pub use lineage::{LINEAGE_MARKER_KEY, WRITER_MARKER_KEY};
 pub use options::{
     DEFAULT_DELETE_RETENTION_MS, DEFAULT_MAX_MESSAGE_BYTES, KafkaOptions, LineageSource,

@@ -19,9 +19,10 @@ const API_VERSIONS: i16 = 18;
 const CLIENT_ID: &[u8] = b"statesnap-lineage";
 const MAX_RESPONSE: usize = 64 << 20;
 
-/// What a broker said about a topic's id.
+/// What a broker said about a topic's id. (`pub` only for the `fuzzing`
+/// re-export, like the parse functions below.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum TopicId {
+pub enum TopicId {
     /// The topic exists and has this id.
     Id([u8; 16]),
     /// The topic does not exist.
@@ -83,28 +84,9 @@ fn ask(server: &str, topic: &str, timeout: Duration) -> io::Result<TopicId> {
     let mut req = header(API_VERSIONS, 0, 1, false);
     send(&mut conn, &mut req)?;
     let body = recv(&mut conn, 1)?;
-    let mut r = Buf::new(&body);
-    let err = r.i16()?;
-    if err != 0 {
-        return Ok(TopicId::Unsupported(format!(
-            "api versions request failed error_code={err}"
-        )));
-    }
-    let n = r.i32()?;
-    let mut metadata_max = None;
-    for _ in 0..n.max(0) {
-        let (key, _min, max) = (r.i16()?, r.i16()?, r.i16()?);
-        if key == API_METADATA {
-            metadata_max = Some(max);
-        }
-    }
-    let version = match metadata_max {
-        Some(v) if v >= 10 => v.min(12),
-        other => {
-            return Ok(TopicId::Unsupported(format!(
-                "broker does not serve topic ids (metadata max version {other:?}, need 10)"
-            )));
-        }
+    let version = match parse_api_versions(&body)? {
+        Ok(version) => version,
+        Err(answer) => return Ok(answer),
     };
 
     // Metadata v10..=12 for the one topic.
@@ -123,7 +105,46 @@ fn ask(server: &str, topic: &str, timeout: Duration) -> io::Result<TopicId> {
     req.push(0); // tagged fields
     send(&mut conn, &mut req)?;
     let body = recv(&mut conn, 2)?;
-    let mut r = Buf::new(&body);
+    parse_metadata_response(&body, topic)
+}
+
+/// Parses an `ApiVersions` v0 response body (after the correlation id):
+/// `Ok(version)` is the Metadata version to ask with (10..=12), `Err(answer)`
+/// the final answer when the broker cannot serve topic ids.
+///
+/// `pub` only so that the `fuzzing` feature can re-export it
+/// (`kafka::wire_fuzz`); this module is private.
+pub fn parse_api_versions(body: &[u8]) -> io::Result<Result<i16, TopicId>> {
+    let mut r = Buf::new(body);
+    let err = r.i16()?;
+    if err != 0 {
+        return Ok(Err(TopicId::Unsupported(format!(
+            "api versions request failed error_code={err}"
+        ))));
+    }
+    let n = r.i32()?;
+    let mut metadata_max = None;
+    for _ in 0..n.max(0) {
+        let (key, _min, max) = (r.i16()?, r.i16()?, r.i16()?);
+        if key == API_METADATA {
+            metadata_max = Some(max);
+        }
+    }
+    match metadata_max {
+        Some(v) if v >= 10 => Ok(Ok(v.min(12))),
+        other => Ok(Err(TopicId::Unsupported(format!(
+            "broker does not serve topic ids (metadata max version {other:?}, need 10)"
+        )))),
+    }
+}
+
+/// Parses a `Metadata` v10..=12 response body (after the correlation id:
+/// response header v1's tagged fields, then the body) for `topic`.
+///
+/// `pub` only so that the `fuzzing` feature can re-export it
+/// (`kafka::wire_fuzz`); this module is private.
+pub fn parse_metadata_response(body: &[u8], topic: &str) -> io::Result<TopicId> {
+    let mut r = Buf::new(body);
     r.skip_tags()?; // response header v1
     parse_metadata(&mut r, topic)
 }
@@ -333,6 +354,52 @@ mod tests {
                 "truncated at {cut}"
             );
         }
+    }
+
+    fn api_versions(error_code: i16, apis: &[(i16, i16)]) -> Vec<u8> {
+        let mut b = error_code.to_be_bytes().to_vec();
+        b.extend_from_slice(&(apis.len() as i32).to_be_bytes());
+        for &(key, max) in apis {
+            b.extend_from_slice(&key.to_be_bytes());
+            b.extend_from_slice(&0i16.to_be_bytes());
+            b.extend_from_slice(&max.to_be_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn picks_the_metadata_version_from_api_versions_responses() {
+        let ok = |b: &[u8]| parse_api_versions(b).expect("parse");
+        assert_eq!(ok(&api_versions(0, &[(0, 9), (API_METADATA, 13)])), Ok(12));
+        assert_eq!(ok(&api_versions(0, &[(API_METADATA, 10)])), Ok(10));
+        assert!(matches!(
+            ok(&api_versions(0, &[(API_METADATA, 9)])),
+            Err(TopicId::Unsupported(why)) if why.contains("Some(9)")
+        ));
+        assert!(matches!(
+            ok(&api_versions(0, &[(0, 9)])),
+            Err(TopicId::Unsupported(why)) if why.contains("None")
+        ));
+        assert!(matches!(
+            ok(&api_versions(35, &[])),
+            Err(TopicId::Unsupported(why)) if why.contains("error_code=35")
+        ));
+        let r = api_versions(0, &[(API_METADATA, 12)]);
+        for cut in 0..r.len() {
+            assert!(parse_api_versions(&r[..cut]).is_err(), "truncated at {cut}");
+        }
+    }
+
+    #[test]
+    fn metadata_response_starts_with_the_header_tags() {
+        let id = [9u8; 16];
+        let mut r = vec![0u8]; // response header v1: no tagged fields
+        r.extend_from_slice(&response(b"t", 0, id));
+        assert_eq!(
+            parse_metadata_response(&r, "t").expect("parse"),
+            TopicId::Id(id)
+        );
+        assert!(parse_metadata_response(&[], "t").is_err());
     }
 
     #[test]
