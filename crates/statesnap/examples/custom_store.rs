@@ -61,6 +61,9 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
 impl LogFileStore {
     fn open(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io("create store directory", dir, e))?;
+        // Marks the directory as a store, so a later restore may replace it
+        // (restores refuse to replace a non-empty directory without it).
+        statesnap::store::mark_store_dir(dir)?;
         let path = dir.join(DATA);
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
@@ -453,4 +456,14 @@ async fn main() -> Result<()> {
         return Err(Error::new(ErrorKind::Internal, "example check failed"));
     }
     Ok(())
+}
+
+/// The store-format conformance suite on this example's format (it uploads
+/// the whole file each time, so it reuses nothing of a parent).
+#[cfg(test)]
+mod tests {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_example_format_conforms() {
+        statesnap::conformance::format::run_all(&|| super::LogFileFormat, false).await;
+    }
 }

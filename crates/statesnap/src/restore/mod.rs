@@ -139,6 +139,9 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
         // The caller adopts the directory: from now on it is a store.
         crate::store::mark_store_dir(target)?;
     }
+    // Checked here for every format, custom ones included: a format's own
+    // `restore`/`create_empty` may replace the target without looking.
+    crate::format::staging::check_replaceable(target)?;
     let listing = if options.full_replay {
         Default::default()
     } else {
