@@ -133,6 +133,23 @@ impl<F: StoreFormat> Fixture<F> {
         .expect("commit_snapshot")
     }
 
+    /// `restore_store` into `target` (newest usable snapshot + tail).
+    async fn restore_store(
+        &self,
+        format: &F,
+        target: &Path,
+    ) -> crate::Result<(F::Store, crate::restore::RestoreReport)> {
+        restore_store(
+            format,
+            &self.repo,
+            &self.sk,
+            self.ls.changelog(),
+            target,
+            &RestoreOptions::default(),
+        )
+        .await
+    }
+
     /// Restores `m` into `target` with a fresh format object.
     async fn restore(
         &self,
@@ -325,28 +342,16 @@ pub async fn restore_replaces_its_own_store_and_refuses_a_foreign_directory<F: S
     fx.snapshot(None).await;
     let target = fx.path("target");
     let format = make();
-    let (store, _) = restore_store(
-        &format,
-        &fx.repo,
-        &fx.sk,
-        fx.ls.changelog(),
-        &target,
-        &RestoreOptions::default(),
-    )
-    .await
-    .expect("first restore");
+    let (store, _) = fx
+        .restore_store(&format, &target)
+        .await
+        .expect("first restore");
     drop(store);
     fx.write(150, 10);
-    let (store, report) = restore_store(
-        &format,
-        &fx.repo,
-        &fx.sk,
-        fx.ls.changelog(),
-        &target,
-        &RestoreOptions::default(),
-    )
-    .await
-    .expect("restore over its own earlier restore");
+    let (store, report) = fx
+        .restore_store(&format, &target)
+        .await
+        .expect("restore over its own earlier restore");
     assert!(report.snapshot.is_some(), "{report:?}");
     assert_eq!(contents(&store), fx.model, "snapshot + tail");
     drop(store);
@@ -354,16 +359,7 @@ pub async fn restore_replaces_its_own_store_and_refuses_a_foreign_directory<F: S
     let foreign = fx.path("foreign");
     std::fs::create_dir_all(&foreign).expect("mkdir");
     std::fs::write(foreign.join("notes.txt"), b"not a store").expect("write");
-    let err = match restore_store(
-        &format,
-        &fx.repo,
-        &fx.sk,
-        fx.ls.changelog(),
-        &foreign,
-        &RestoreOptions::default(),
-    )
-    .await
-    {
+    let err = match fx.restore_store(&format, &foreign).await {
         Ok(_) => panic!("a restore replaced a foreign directory"),
         Err(e) => e,
     };
