@@ -223,8 +223,9 @@ impl Drop for Mounted {
     }
 }
 
-/// A mount point is never emptied or replaced, even marked and adopted: a
-/// restore cannot rename it, and emptying it is not ours to do.
+/// A mount point is never emptied or replaced, even adopted: a restore
+/// cannot rename it, and emptying it is not ours to do; adopting it writes
+/// nothing into it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "mounts a tmpfs, so it needs root; scripts/test.sh runs it (--ignored) when root"]
 async fn a_mount_point_target_is_refused_and_left_whole() {
@@ -240,9 +241,18 @@ async fn a_mount_point_target_is_refused_and_left_whole() {
     assert!(status.success(), "mount -t tmpfs failed: run as root");
     let _mounted = Mounted(target.clone());
     std::fs::write(target.join("precious"), b"keep me").unwrap();
-    std::fs::write(target.join(STORE_MARKER), b"").unwrap();
     refused_even_when_adopted(&repo, &log, &format, &target, "mount point").await;
     assert_eq!(std::fs::read(target.join("precious")).unwrap(), b"keep me");
+    let mut names: Vec<_> = std::fs::read_dir(&target)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["precious"],
+        "nothing written into the mount, not even a marker"
+    );
     // A directory inside the mount is fine.
     let (store, _) = restore_store(
         &format,

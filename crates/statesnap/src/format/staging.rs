@@ -23,15 +23,13 @@ use crate::store::STORE_MARKER;
 
 pub(crate) const RESTORE_MARK: &str = ".statesnap-restore-";
 pub(crate) const OLD_MARK: &str = ".statesnap-old-";
-/// Why `target` must not be replaced (or emptied) by a restore, if so:
-/// a symlink (never followed: the restore would write or delete through
-/// it), a mount point (it cannot be renamed, and emptying it is not ours to
-/// do), a file, or a non-empty directory without the store marker (it is
-/// not a store this library made: it could be anything of the user's).
-pub(crate) fn check_replaceable(target: &Path) -> Result<()> {
+/// Refuses (`config`) a target no restore may replace even when the caller
+/// adopts it: a symlink, a non-directory, a mount point. `Ok(false)`: the
+/// target does not exist.
+pub(crate) fn check_adoptable(target: &Path) -> Result<bool> {
     let m = match std::fs::symlink_metadata(target) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(io_err("inspect restore target", target, e)),
     };
     let refuse = |why: &str| {
@@ -60,6 +58,18 @@ pub(crate) fn check_replaceable(target: &Path) -> Result<()> {
             );
         }
     }
+    Ok(true)
+}
+
+/// Why `target` must not be replaced (or emptied) by a restore, if so:
+/// a symlink (never followed: the restore would write or delete through
+/// it), a mount point (it cannot be renamed, and emptying it is not ours to
+/// do), a file, or a non-empty directory without the store marker (it is
+/// not a store this library made: it could be anything of the user's).
+pub(crate) fn check_replaceable(target: &Path) -> Result<()> {
+    if !check_adoptable(target)? {
+        return Ok(());
+    }
     if std::fs::symlink_metadata(target.join(STORE_MARKER)).is_ok_and(|m| m.is_file()) {
         return Ok(());
     }
@@ -68,10 +78,12 @@ pub(crate) fn check_replaceable(target: &Path) -> Result<()> {
     if entries.next().is_none() {
         return Ok(());
     }
-    refuse(&format!(
-        "it is a non-empty directory that is not a statesnap store (no `{STORE_MARKER}` file); \
-         move its contents away, or adopt it with RestoreOptions::replace_unmarked (CLI: --force)"
-    ))
+    Err(Error::config(format!(
+        "refusing to replace restore target path=`{}`: it is a non-empty directory that is not \
+         a statesnap store (no `{STORE_MARKER}` file); move its contents away, or adopt it with \
+         RestoreOptions::replace_unmarked (CLI: --force)",
+        target.display()
+    )))
 }
 
 /// Paths in use by this process (live checkpoints, restores in flight):

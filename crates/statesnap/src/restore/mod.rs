@@ -135,7 +135,9 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
     target: &Path,
     options: &RestoreOptions,
 ) -> Result<(F::Store, RestoreReport)> {
-    if options.replace_unmarked && std::fs::symlink_metadata(target).is_ok_and(|m| m.is_dir()) {
+    // A symlink or a mount point is refused before anything is written
+    // into it, even when the caller adopts the directory.
+    if options.replace_unmarked && crate::format::staging::check_adoptable(target)? {
         // The caller adopts the directory: from now on it is a store.
         crate::store::mark_store_dir(target)?;
     }
