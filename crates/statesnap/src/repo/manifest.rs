@@ -45,6 +45,22 @@ pub struct ChangelogPosition {
 }
 
 impl ChangelogPosition {
+    /// If the changelog lost the history this position was taken in: the
+    /// epoch recorded here and the (different) one the log now has at the
+    /// offset. `None` when they agree or either side keeps no epoch.
+    pub fn lost_history<C: crate::changelog::Changelog + ?Sized>(
+        &self,
+        changelog: &C,
+    ) -> Result<Option<(u64, u64)>> {
+        let Some(taken) = self.epoch else {
+            return Ok(None);
+        };
+        Ok(changelog
+            .epoch_at(self.offset)?
+            .filter(|&now| now != taken)
+            .map(|now| (taken, now)))
+    }
+
     /// The changelog incarnation a store restored from this snapshot follows.
     pub fn binding(&self) -> ChangelogBinding {
         ChangelogBinding {

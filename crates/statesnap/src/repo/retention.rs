@@ -128,12 +128,7 @@ pub fn plan_for_changelog<C: Changelog + ?Sized>(
     let mut lost = BTreeSet::new();
     for s in snapshots {
         let c = &s.manifest.changelog;
-        if c.lineage == lineage
-            && let Some(taken) = c.epoch
-            && changelog
-                .epoch_at(c.offset)?
-                .is_some_and(|now| now != taken)
-        {
+        if c.lineage == lineage && c.lost_history(changelog)?.is_some() {
             lost.insert(s.id());
         }
     }

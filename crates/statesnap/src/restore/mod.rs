@@ -98,10 +98,7 @@ fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
             m.snapshot_id, m.changelog.offset
         )));
     }
-    if let Some(taken) = m.changelog.epoch
-        && let Some(now) = changelog.epoch_at(m.changelog.offset)?
-        && now != taken
-    {
+    if let Some((taken, now)) = m.changelog.lost_history(changelog)? {
         return Err(Error::stale(format!(
             "snapshot covers changelog records the log no longer has: the log lost records and \
              handed their offsets out again snapshot=`{}` offset={} snapshot_epoch={taken} \

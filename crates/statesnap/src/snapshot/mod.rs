@@ -64,10 +64,8 @@ pub async fn commit_snapshot<F: StoreFormat, C: Changelog + ?Sized>(
     let fid = format.id();
     // A parent in history the log lost is no base for this cut (its data
     // is not the log's state at its offset any more).
-    let parent_epoch_ok = match parent.and_then(|p| p.changelog.epoch.map(|e| (p, e))) {
-        Some((p, e)) => changelog
-            .epoch_at(p.changelog.offset)?
-            .is_none_or(|now| now == e),
+    let parent_epoch_ok = match parent {
+        Some(p) => p.changelog.lost_history(changelog)?.is_none(),
         None => true,
     };
     let parent = parent.filter(|p| {

@@ -247,12 +247,18 @@ impl KafkaChangelog {
         if !self.options.fence_writers {
             return Ok(());
         }
+        self.claimed().map(drop)
+    }
+
+    /// This handle's claim, locked for the caller: refused if fenced,
+    /// written first if this handle has not claimed yet.
+    fn claimed(&self) -> Result<std::sync::MutexGuard<'_, WriterClaim>> {
         let mut w = lock(&self.writer);
         self.check_not_fenced(&w)?;
         if w.claimed_at.is_none() {
             self.claim_locked(&mut w)?;
         }
-        Ok(())
+        Ok(w)
     }
 
     fn check_not_fenced(&self, w: &WriterClaim) -> Result<()> {
@@ -323,11 +329,7 @@ impl KafkaChangelog {
     /// claim is already in the log, and check what others wrote before our
     /// batch landed.
     pub(super) fn append_fenced(&self, records: &[RawOut]) -> Result<Vec<u64>> {
-        let mut w = lock(&self.writer);
-        self.check_not_fenced(&w)?;
-        if w.claimed_at.is_none() {
-            self.claim_locked(&mut w)?;
-        }
+        let mut w = self.claimed()?;
         // Before writing: anything past what we checked is another
         // writer's (or a failed append of ours); a newer claim there stops
         // this append before it writes.
