@@ -13,6 +13,40 @@
 //!
 //! # Quick start
 //!
+//! The runtime ([`runtime`]) is the one way in: one [`StateManager`] per
+//! process, one [`StateHandle`] per store partition, opened restored and
+//! ready, snapshotted in the background, handed off on close.
+//!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> statesnap::Result<()> {
+//! use statesnap::{ChangelogId, FileChangelog, Repository, SnapshotPolicy, StateManager, StoreSpec};
+//! # let dir = tempfile::tempdir().expect("tempdir");
+//! # let url = format!("file://{}", dir.path().join("repo").display());
+//! # let log = || FileChangelog::open(dir.path().join("log"), ChangelogId::for_store("shop", "carts", 0)?, Default::default());
+//!
+//! let state = StateManager::builder(Repository::init(&url, Default::default()).await?)
+//!     .policy(SnapshotPolicy::default().every_records(100_000))
+//!     .build()?;
+//! let mut carts = state.open(StoreSpec::memory("shop", "carts", 0, log()?, dir.path().join("carts"))?).await?;
+//! carts.put("cart-1", "apples");
+//! carts.commit()?;                      // changelog first, then the store
+//! assert_eq!(carts.get(b"cart-1")?.as_deref(), Some(&b"apples"[..]));
+//! carts.close().await?;                 // handoff snapshot
+//!
+//! // The next owner: the snapshot, nothing to replay.
+//! let carts = state.open(StoreSpec::memory("shop", "carts", 0, log()?, dir.path().join("carts"))?).await?;
+//! assert_eq!(carts.report().replay.records, 0);
+//! # Ok(()) }
+//! ```
+//!
+//! # The lower layer
+//!
+//! The runtime is made of calls you can also make yourself: a
+//! [`LoggedStore`] (changelog first, then the store), a format's `capture`
+//! and [`commit_snapshot`], and [`restore_store`] (or [`restore::plan_restore`]
+//! for the decision alone).
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> statesnap::Result<()> {
@@ -30,7 +64,6 @@
 //! let mut carts = LoggedStore::new(MemoryStore::new(), log)?;
 //! carts.put("cart-1", "apples");
 //! carts.put("cart-2", "pears");
-//! assert_eq!(carts.get(b"cart-1")?.as_deref(), Some(&b"apples"[..]));
 //! carts.commit()?;
 //!
 //! // Snapshot: an O(1) cut on this thread, written and committed async.
@@ -76,9 +109,14 @@
 //!   `create_empty`), when the store's files can be copied more cheaply
 //!   than iterated.
 //!
-//! Either way [`snapshot::commit_snapshot`] commits the snapshot and
-//! [`restore::restore_store`] restores it and replays the changelog tail.
-//! `examples/custom_store.rs` does both for a store on one append-only file.
+//! Either way the runtime takes it as it takes the built-in ones
+//! (`StoreSpec::new(store_key, changelog, format, dir)`), and underneath
+//! [`snapshot::commit_snapshot`] commits its snapshots and
+//! [`restore::restore_store`] restores them and replays the changelog tail.
+//! `examples/custom_store.rs` runs a store on one append-only file through
+//! the runtime. A format that keeps a local store implements
+//! [`format::StoreFormat::inspect_local`] and `open_local` so a reopen keeps
+//! it instead of restoring.
 
 #![deny(rustdoc::broken_intra_doc_links)]
 
@@ -90,6 +128,7 @@ pub mod error;
 pub mod format;
 pub mod repo;
 pub mod restore;
+pub mod runtime;
 pub mod snapshot;
 pub mod store;
 mod util;
@@ -108,6 +147,7 @@ pub use format::portable::PortableFormat;
 pub use format::rocks::RocksFormat;
 pub use repo::{Manifest, Repository, RepositoryOptions, SnapshotId, StoreKey};
 pub use restore::{ReplayOptions, RestoreOptions, RestoreReport, replay, restore_store};
+pub use runtime::{SnapshotPolicy, StateHandle, StateManager, StoreSpec};
 pub use snapshot::commit_snapshot;
 pub use store::logged::LoggedStore;
 pub use store::memory::MemoryStore;

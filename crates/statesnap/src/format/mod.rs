@@ -88,6 +88,16 @@ pub struct RestoreStats {
     pub files_reused_locally: u64,
 }
 
+/// What a local store directory holds, read without changing it (see
+/// [`StoreFormat::inspect_local`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalStoreInfo {
+    /// The last changelog offset the local store applied.
+    pub applied_offset: Option<u64>,
+    /// The changelog incarnation the store follows.
+    pub binding: Option<ChangelogBinding>,
+}
+
 /// A way to snapshot and restore one store type. Implemented by the RocksDB
 /// and portable formats, and by custom stores.
 pub trait StoreFormat: Send + Sync {
@@ -131,4 +141,32 @@ pub trait StoreFormat: Send + Sync {
     /// An empty store at `target` (removing anything there), for a full
     /// replay when no snapshot can be used.
     fn create_empty(&self, target: &Path) -> Result<Self::Store>;
+
+    /// What the store at `dir` holds, read without changing anything
+    /// (`Ok(None)`: no store of this format is there). Local-first restore
+    /// keeps such a store when it follows the same changelog and is at or
+    /// past the newest usable snapshot, so only the tail is replayed. The
+    /// default says there is never one (a store that lives only in memory).
+    fn inspect_local(&self, dir: &Path) -> Result<Option<LocalStoreInfo>> {
+        let _ = dir;
+        Ok(None)
+    }
+
+    /// Whether a restore reuses a local file at the snapshot file's `path`
+    /// (same size, hash checked) instead of downloading it. Plans count
+    /// such files as local bytes. Default: never.
+    fn reuses_local_file(&self, path: &str) -> bool {
+        let _ = path;
+        false
+    }
+
+    /// Opens the store at `dir` that [`StoreFormat::inspect_local`] found,
+    /// for writing. Called only after `inspect_local` returned `Some`.
+    fn open_local(&self, dir: &Path) -> Result<Self::Store> {
+        Err(crate::error::Error::config(format!(
+            "this store format keeps no local store format=`{}` path=`{}`",
+            self.id().name,
+            dir.display()
+        )))
+    }
 }

@@ -57,7 +57,9 @@ use super::staging::{
     check_replaceable, clean_restore_leftovers, io_err, new_restore_staging, register_live,
     remove_leftovers, remove_path, split_target, swap_into_place, sync_dir, unregister_live,
 };
-use super::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
+use super::{
+    FormatOutput, LocalStoreInfo, RestoreContext, RestoreStats, StoreFormat, WriteContext,
+};
 use crate::changelog::ChangelogBinding;
 use crate::error::{Error, Result};
 use crate::repo::{
@@ -692,6 +694,32 @@ impl StoreFormat for RocksFormat {
         drop(guard);
         self.seed_cache(store.incarnation(), &manifest.files);
         Ok((store, stats))
+    }
+
+    fn inspect_local(&self, dir: &Path) -> Result<Option<LocalStoreInfo>> {
+        // A store directory the runtime may adopt: marked as a store and
+        // holding a RocksDB database. Anything else is not a local store.
+        let marked = std::fs::symlink_metadata(dir.join(crate::store::STORE_MARKER))
+            .is_ok_and(|m| m.is_file());
+        if !marked || !dir.join("CURRENT").is_file() {
+            return Ok(None);
+        }
+        let info = self.read_checkpoint(dir)?;
+        Ok(Some(LocalStoreInfo {
+            applied_offset: info.offset,
+            binding: info.binding,
+        }))
+    }
+
+    fn reuses_local_file(&self, path: &str) -> bool {
+        is_immutable(path)
+    }
+
+    fn open_local(&self, dir: &Path) -> Result<RocksStore> {
+        check_replaceable(dir)?;
+        // A crashed capture or restore may have left staging behind.
+        self.clean_leftovers(dir)?;
+        RocksStore::open(dir, &self.options)
     }
 
     fn create_empty(&self, target: &Path) -> Result<RocksStore> {

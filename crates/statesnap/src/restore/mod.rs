@@ -4,15 +4,20 @@
 //! is [`crate::store::replay`] (re-exported), the snapshot formats are
 //! [`crate::format`].
 
+mod plan;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::changelog::{Changelog, ChangelogBinding};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{RestoreContext, RestoreStats, StoreFormat};
-use crate::repo::{Repository, SnapshotId, SnapshotInfo, StoreKey, UnreadableManifest};
-pub use crate::store::replay::{ReplayOptions, ReplayProgress, ReplayReport, replay};
+use crate::repo::{Repository, SnapshotId, StoreKey, UnreadableManifest};
+pub use crate::store::replay::{ReplayOptions, ReplayProgress, ReplayReport, replay, replay_until};
 use crate::store::{StateStore, bind_restored};
+pub use plan::{
+    PlanOptions, PlanStep, Rates, Rejected, RestorePlan, Source, plan_restore, step_time,
+};
 
 /// Why a snapshot was not used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,11 +35,17 @@ pub struct SkippedSnapshot {
 /// What a restore did.
 #[derive(Debug, Clone)]
 pub struct RestoreReport {
-    /// The snapshot restored from, or `None` for a full replay.
+    /// Where the store's starting state came from.
+    pub source: Source,
+    /// The decision the restore executed (every candidate with its verdict).
+    pub plan: RestorePlan,
+    /// The snapshot restored from, or `None` for a local store or a full
+    /// replay.
     pub snapshot: Option<SnapshotId>,
     /// The snapshot's offset.
     pub snapshot_offset: Option<u64>,
-    /// Newer snapshots that were not used, newest first, with reasons.
+    /// Snapshots newer than the source that were not used (rejected by the
+    /// plan or failed to restore), newest first, with reasons.
     pub skipped: Vec<SkippedSnapshot>,
     /// Manifests that could not be read at all.
     pub unreadable: Vec<UnreadableManifest>,
@@ -59,62 +70,14 @@ pub struct RestoreOptions {
     /// such a target rather than wipe what may be the user's files. Symlinks
     /// and mount points are refused either way.
     pub replace_unmarked: bool,
-}
-
-/// Why `snapshot` cannot be used with `changelog`, if it cannot.
-fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
-    format: &F,
-    snapshot: &SnapshotInfo,
-    changelog: &C,
-) -> Result<()> {
-    let m = &snapshot.manifest;
-    let fid = format.id();
-    if m.store_format.name != fid.name || m.store_format.version > fid.version {
-        return Err(Error::config(format!(
-            "snapshot was written by another store format snapshot=`{}` format=`{}` version={} \
-             this_format=`{}` this_version={}",
-            m.snapshot_id, m.store_format.name, m.store_format.version, fid.name, fid.version
-        )));
-    }
-    let id = changelog.id();
-    if m.changelog.topic != id.topic || m.changelog.partition != id.partition {
-        return Err(Error::config(format!(
-            "snapshot follows another changelog snapshot=`{}` snapshot_changelog=`{}/{}` changelog=`{id}`",
-            m.snapshot_id, m.changelog.topic, m.changelog.partition
-        )));
-    }
-    let lineage = changelog.lineage()?;
-    if m.changelog.lineage != lineage {
-        return Err(Error::stale(format!(
-            "snapshot belongs to an earlier incarnation of the changelog snapshot=`{}` \
-             snapshot_lineage=`{}` changelog_lineage=`{lineage}`",
-            m.snapshot_id, m.changelog.lineage
-        )));
-    }
-    let end = changelog.end_offset()?;
-    if m.changelog.offset >= end {
-        return Err(Error::stale(format!(
-            "snapshot is ahead of the changelog snapshot=`{}` offset={} end_offset={end}",
-            m.snapshot_id, m.changelog.offset
-        )));
-    }
-    if let Some((taken, now)) = m.changelog.lost_history(changelog)? {
-        return Err(Error::stale(format!(
-            "snapshot covers changelog records the log no longer has: the log lost records and \
-             handed their offsets out again snapshot=`{}` offset={} snapshot_epoch={taken} \
-             changelog_epoch={now}; an older snapshot or a replay is used instead",
-            m.snapshot_id, m.changelog.offset
-        )));
-    }
-    let horizon = changelog.horizon()?;
-    if !horizon.can_resume_after(Some(m.changelog.offset)) {
-        return Err(Error::stale(format!(
-            "snapshot is below the changelog's horizon: replaying after it could resurrect deleted \
-             keys snapshot=`{}` offset={} tombstones_before={} deleted_before={}",
-            m.snapshot_id, m.changelog.offset, horizon.tombstones_before, horizon.deleted_before
-        )));
-    }
-    Ok(())
+    /// Keep the store already in the target when it follows the same
+    /// changelog and is at or past the newest usable snapshot (only the
+    /// tail is replayed). Off by default: `restore_store` replaces the
+    /// target; the runtime ([`crate::runtime`]) turns it on.
+    pub local_first: bool,
+    /// Point in time: the last changelog offset the restored store
+    /// reflects (the newest source at or before it, replay up to it).
+    pub until: Option<u64>,
 }
 
 /// Restores store `store_key` into `target`: the newest snapshot that is
@@ -123,7 +86,9 @@ fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
 /// after it. Falls back to older snapshots, then to a full replay into an
 /// empty store, recording each skip in the report. Transient errors (the
 /// repository is unreachable) are returned rather than silently replaying
-/// everything.
+/// everything. With [`RestoreOptions::local_first`] a valid local store at
+/// or past the newest usable snapshot is kept instead (see [`plan_restore`]
+/// for the order of candidates).
 pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
     format: &F,
     repo: &Repository,
@@ -132,88 +97,145 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
     target: &Path,
     options: &RestoreOptions,
 ) -> Result<(F::Store, RestoreReport)> {
-    // A symlink or a mount point is refused before anything is written
-    // into it, even when the caller adopts the directory.
+    // Before anything is read or written: a target a restore may not
+    // replace is refused whatever the source (a local store is replaced
+    // when it cannot be kept).
     if options.replace_unmarked && crate::format::staging::check_adoptable(target)? {
-        // The caller adopts the directory: from now on it is a store.
         crate::store::mark_store_dir(target)?;
     }
-    // Checked here for every format, custom ones included: a format's own
-    // `restore`/`create_empty` may replace the target without looking.
     crate::format::staging::check_replaceable(target)?;
-    let listing = if options.full_replay {
-        Default::default()
-    } else {
-        repo.list_snapshots(store_key).await?
-    };
-    let mut skipped = Vec::new();
+    let plan = plan_restore(
+        format,
+        repo,
+        store_key,
+        changelog,
+        target,
+        &PlanOptions {
+            local_first: options.local_first,
+            full_replay: options.full_replay,
+            until: options.until,
+        },
+    )
+    .await?;
+    execute(format, repo, changelog, target, plan, options).await
+}
+
+/// Runs `plan`: tries its steps in order, replays the tail after the one
+/// that worked.
+async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
+    format: &F,
+    repo: &Repository,
+    changelog: &C,
+    target: &Path,
+    plan: RestorePlan,
+    options: &RestoreOptions,
+) -> Result<(F::Store, RestoreReport)> {
     let started = Instant::now();
+    let mut failed: Vec<SkippedSnapshot> = Vec::new();
     let mut restored = None;
-    for snap in listing.snapshots.iter().rev() {
-        let attempt = match check_usable(format, snap, changelog) {
-            Ok(()) => {
-                format
-                    .restore(&snap.manifest, RestoreContext { repo, target })
-                    .await
-            }
-            Err(e) => Err(e),
+    for step in &plan.steps {
+        let attempt = match &step.source {
+            Source::Local { .. } => format
+                .open_local(target)
+                .map(|s| (s, RestoreStats::default())),
+            Source::Snapshot { id, .. } => match plan.manifest(*id) {
+                Some(m) => format.restore(m, RestoreContext { repo, target }).await,
+                None => Err(Error::internal(format!(
+                    "restore plan names a snapshot it holds no manifest for snapshot=`{id}`"
+                ))),
+            },
+            Source::FullReplay => format
+                .create_empty(target)
+                .map(|s| (s, RestoreStats::default())),
         };
         match attempt {
             Ok((store, stats)) => {
-                restored = Some((store, stats, snap));
+                restored = Some((store, stats, step.source.clone()));
                 break;
             }
             Err(e) if e.kind() == ErrorKind::Transient || e.kind() == ErrorKind::Cancelled => {
                 return Err(e);
             }
+            // An empty store that cannot be created: nothing left to try.
+            Err(e) if step.source == Source::FullReplay => return Err(e),
             Err(e) => {
-                tracing::warn!(snapshot = %snap.id(), offset = snap.offset(), error = %e, "skipping snapshot");
-                skipped.push(SkippedSnapshot {
-                    id: snap.id(),
-                    offset: snap.offset(),
-                    kind: e.kind(),
-                    reason: e.to_string(),
-                });
+                tracing::warn!(source = %step.source, error = %e, "restore source failed; trying the next");
+                if let Source::Snapshot { id, offset } = step.source {
+                    failed.push(SkippedSnapshot {
+                        id,
+                        offset,
+                        kind: e.kind(),
+                        reason: e.to_string(),
+                    });
+                }
             }
         }
     }
     let snapshot_duration = started.elapsed();
-    let (mut store, transfer, snapshot, snapshot_offset) = match restored {
-        Some((store, stats, snap)) => (store, stats, Some(snap.id()), Some(snap.offset())),
-        None => {
-            if !listing.snapshots.is_empty() {
-                tracing::warn!(store_key = %store_key, "no usable snapshot; rebuilding by full replay");
-            }
-            (
-                format.create_empty(target)?,
-                RestoreStats::default(),
-                None,
-                None,
-            )
-        }
+    let Some((mut store, transfer, source)) = restored else {
+        return Err(Error::internal(format!(
+            "restore plan has no step left store_key=`{}`",
+            plan.store_key
+        )));
     };
+    let (snapshot, snapshot_offset) = match source {
+        Source::Snapshot { id, offset } => (Some(id), Some(offset)),
+        _ => (None, None),
+    };
+    if source == Source::FullReplay && !plan.manifests.is_empty() {
+        tracing::warn!(store_key = %plan.store_key, "no usable snapshot; rebuilding by full replay");
+    }
     if snapshot_offset.is_some() {
-        // The format bound it from the manifest, which check_usable matched
-        // against this changelog; a custom format may not have.
+        // A restored store follows the changelog its snapshot was taken
+        // from (invariant 10); bind it before replaying the tail.
         bind_restored(&mut store, &ChangelogBinding::of(changelog)?)?;
     }
     if let Some(o) = snapshot_offset {
         let applied = store.applied_offset()?;
         if applied != Some(o) {
             return Err(Error::corrupt(format!(
-                "restored store does not sit at its snapshot's offset store_key=`{store_key}` \
-                 snapshot_offset={o} applied_offset={applied:?}"
+                "restored store does not sit at its snapshot's offset store_key=`{}` \
+                 snapshot_offset={o} applied_offset={applied:?}",
+                plan.store_key
             )));
         }
     }
-    let replay = replay(&mut store, changelog, &options.replay, &mut |_| {})?;
+    let replay = replay_until(
+        &mut store,
+        changelog,
+        &options.replay,
+        options.until,
+        &mut |_| {},
+    )?;
+    // Skipped: snapshots newer than the source, rejected or failed.
+    let start = source.start_offset();
+    let mut skipped: Vec<SkippedSnapshot> = plan
+        .rejected
+        .iter()
+        .filter_map(|r| match r.source {
+            Source::Snapshot { id, offset } if start.is_none_or(|s| offset > s) => {
+                Some(SkippedSnapshot {
+                    id,
+                    offset,
+                    kind: r.kind,
+                    reason: r.reason.clone(),
+                })
+            }
+            _ => None,
+        })
+        .chain(failed)
+        .collect();
+    skipped.sort_by_key(|s| std::cmp::Reverse((s.offset, s.id)));
+    let unreadable = plan.unreadable.clone();
     Ok((
         store,
         RestoreReport {
+            source,
+            plan,
             snapshot,
             snapshot_offset,
             skipped,
-            unreadable: listing.unreadable,
+            unreadable,
             transfer,
             snapshot_duration,
             replay,

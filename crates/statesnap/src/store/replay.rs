@@ -90,15 +90,45 @@ where
     S: StateStore + ?Sized,
     C: Changelog + ?Sized,
 {
+    replay_until(store, changelog, options, None, progress)
+}
+
+/// [`replay`], stopping after offset `until` when it is given (a
+/// point-in-time restore: the store ends at the changelog's state at that
+/// offset, or at the log's end if that comes first). Fails (kind `config`)
+/// for a store already past `until`: a store cannot go back.
+pub fn replay_until<S, C>(
+    store: &mut S,
+    changelog: &C,
+    options: &ReplayOptions,
+    until: Option<u64>,
+    progress: &mut dyn FnMut(&ReplayProgress),
+) -> Result<ReplayReport>
+where
+    S: StateStore + ?Sized,
+    C: Changelog + ?Sized,
+{
     let started = Instant::now();
     // Invariant 10: an offset means something only in its own incarnation.
     ensure_follows(store, &ChangelogBinding::of(changelog)?)?;
     let applied = store.applied_offset()?;
-    let end = changelog.end_offset()?;
+    let log_end = changelog.end_offset()?;
+    if let (Some(u), Some(a)) = (until, applied)
+        && a > u
+    {
+        return Err(Error::config(format!(
+            "store is past the requested offset changelog=`{}` applied_offset={a} until={u}; \
+             a store cannot go back: restore into another directory",
+            changelog.id()
+        )));
+    }
+    // Replay reads [from, end): `until` is the last offset to apply.
+    let stop = until.map(|u| u.saturating_add(1));
+    let end = stop.map_or(log_end, |s| log_end.min(s));
     let from = applied.map_or(0, |o| o.saturating_add(1));
-    if from > end {
+    if from > log_end {
         return Err(Error::stale(format!(
-            "store is ahead of its changelog changelog=`{}` applied_offset={} end_offset={end}; \
+            "store is ahead of its changelog changelog=`{}` applied_offset={} end_offset={log_end}; \
              the changelog was recreated or truncated — delete the store and replay from scratch",
             changelog.id(),
             applied.unwrap_or(0),
@@ -131,13 +161,16 @@ where
     let mut reader = changelog.read_from(from)?;
     let mut records: Vec<Record> = Vec::with_capacity(batch_size);
     let mut expect_min = from;
-    while let Some(batch) = reader.next_batch(batch_size)? {
-        if batch.is_empty() {
-            continue;
-        }
+    let mut done = false;
+    while !done && let Some(batch) = reader.next_batch(batch_size)? {
         records.clear();
         let mut last = expect_min;
         for r in batch {
+            if stop.is_some_and(|s| r.offset >= s) {
+                // Past the point-in-time bound: stop here.
+                done = true;
+                break;
+            }
             if r.offset < expect_min {
                 return Err(Error::corrupt(format!(
                     "changelog returned offsets out of order changelog=`{}` offset={} expected_at_least={expect_min}",
@@ -149,6 +182,9 @@ where
             last = r.offset;
             expect_min = r.offset + 1;
             records.push(r.into_record());
+        }
+        if records.is_empty() {
+            continue;
         }
         store.apply(&records, last)?;
         report.records += records.len() as u64;
@@ -181,7 +217,10 @@ where
     // the store reflects them all the same. Recording that keeps the next
     // replay, and a snapshot's offset, at the end: a store left two offsets
     // behind on an idle topic would later look below the tombstone horizon.
-    if let Some(tail) = reader.end_offset().checked_sub(1)
+    if let Some(tail) = reader
+        .end_offset()
+        .min(stop.unwrap_or(u64::MAX))
+        .checked_sub(1)
         && report.applied_offset.is_none_or(|a| a < tail)
     {
         store.apply(&[], tail)?;

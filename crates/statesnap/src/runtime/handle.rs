@@ -1,0 +1,707 @@
+//! [`StateHandle`]: one open store partition, its background snapshots and
+//! its handoff.
+
+use std::ops::Bound;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tracing::Instrument;
+
+use super::policy::{self, PolicyInput, SnapshotPolicy, Trigger};
+use super::{StateManager, StoreSpec, cancelled, lock};
+use crate::changelog::Changelog;
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::StoreFormat;
+use crate::repo::{Manifest, Repository, SnapshotId, StoreKey};
+use crate::restore::{Rates, ReplayOptions, ReplayReport, RestoreOptions, RestoreReport};
+use crate::snapshot::commit_snapshot;
+use crate::store::logged::{CommitInfo, LoggedStore};
+use crate::store::{KvIter, StateStore};
+
+/// One store's snapshot bookkeeping, shared by its handle, its background
+/// task and the manager's status listing.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    key: StoreKey,
+    state: Mutex<SnapState>,
+    /// Whether a snapshot is in flight (watchable: `close` waits on it).
+    in_flight: tokio::sync::watch::Sender<bool>,
+    /// Cancels this store's snapshot in flight (abandon, drop; a child of
+    /// the manager's shutdown token).
+    cancel: tokio_util::sync::CancellationToken,
+}
+
+#[derive(Debug, Default)]
+struct SnapState {
+    applied_offset: Option<u64>,
+    opened_at_ms: i64,
+    /// The last committed snapshot (the next one's parent).
+    parent: Option<Manifest>,
+    last_attempt_ms: Option<i64>,
+    retry_at_ms: Option<i64>,
+    consecutive_failures: u32,
+    last_error: Option<String>,
+    last_trigger: Option<Trigger>,
+    last_duration: Option<Duration>,
+    taken: u64,
+    failed: u64,
+    coalesced: u64,
+    bytes_uploaded: u64,
+    bytes_reused: u64,
+}
+
+impl Shared {
+    fn new(key: StoreKey, now_ms: i64, cancel: tokio_util::sync::CancellationToken) -> Shared {
+        Shared {
+            key,
+            cancel,
+            state: Mutex::new(SnapState {
+                opened_at_ms: now_ms,
+                ..SnapState::default()
+            }),
+            in_flight: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    fn records_since(st: &SnapState) -> u64 {
+        let from = st
+            .parent
+            .as_ref()
+            .map_or(0, |p| p.changelog.offset.saturating_add(1));
+        st.applied_offset
+            .map_or(0, |a| a.saturating_add(1).saturating_sub(from))
+    }
+
+    pub(crate) fn status(&self, now_ms: i64, rates: &Rates) -> StoreStatus {
+        let st = lock(&self.state);
+        let records_since = Shared::records_since(&st);
+        StoreStatus {
+            store_key: self.key.clone(),
+            applied_offset: st.applied_offset,
+            last_snapshot: st.parent.as_ref().map(|p| p.snapshot_id),
+            last_snapshot_offset: st.parent.as_ref().map(|p| p.changelog.offset),
+            last_snapshot_age: st.parent.as_ref().map(|p| {
+                Duration::from_millis(
+                    u64::try_from(now_ms.saturating_sub(p.created_at)).unwrap_or(0),
+                )
+            }),
+            records_since_snapshot: records_since,
+            estimated_tail_replay: policy::replay_time(records_since, rates.replay_records_per_sec),
+            in_flight: *self.in_flight.borrow(),
+            snapshots_taken: st.taken,
+            snapshots_failed: st.failed,
+            consecutive_failures: st.consecutive_failures,
+            coalesced_triggers: st.coalesced,
+            bytes_uploaded: st.bytes_uploaded,
+            bytes_reused: st.bytes_reused,
+            last_trigger: st.last_trigger,
+            last_snapshot_duration: st.last_duration,
+            last_error: st.last_error.clone(),
+        }
+    }
+
+    /// Records the end of a snapshot attempt.
+    fn finish(
+        &self,
+        result: &Result<Manifest>,
+        started: Instant,
+        now_ms: i64,
+        policy: &SnapshotPolicy,
+    ) {
+        let mut st = lock(&self.state);
+        st.last_duration = Some(started.elapsed());
+        match result {
+            Ok(m) => {
+                st.taken += 1;
+                st.bytes_uploaded += m.stats.bytes_uploaded;
+                st.bytes_reused += m.stats.bytes_reused;
+                st.consecutive_failures = 0;
+                st.retry_at_ms = None;
+                st.last_error = None;
+                // A snapshot finishing after a newer one (a handoff raced a
+                // background one) does not move the parent back.
+                if st
+                    .parent
+                    .as_ref()
+                    .is_none_or(|p| p.changelog.offset <= m.changelog.offset)
+                {
+                    st.parent = Some(m.clone());
+                }
+            }
+            Err(e) => {
+                st.failed += 1;
+                st.consecutive_failures = st.consecutive_failures.saturating_add(1);
+                let wait = policy.backoff(st.consecutive_failures);
+                st.retry_at_ms = Some(
+                    now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
+                );
+                st.last_error = Some(e.to_string());
+                tracing::warn!(
+                    store_key = %self.key,
+                    error = %e,
+                    failures = st.consecutive_failures,
+                    retry_in_ms = wait.as_millis() as u64,
+                    "snapshot failed; the next commit after the backoff takes a new one"
+                );
+            }
+        }
+        drop(st);
+        self.in_flight.send_replace(false);
+    }
+}
+
+/// A store's snapshot status, as [`StateHandle::status`] and
+/// [`StateManager::status`] report it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreStatus {
+    /// The store partition.
+    pub store_key: StoreKey,
+    /// The last changelog offset the store applied.
+    pub applied_offset: Option<u64>,
+    /// The newest snapshot this handle knows of (taken or restored from).
+    pub last_snapshot: Option<SnapshotId>,
+    /// Its offset.
+    pub last_snapshot_offset: Option<u64>,
+    /// How long ago it was taken.
+    pub last_snapshot_age: Option<Duration>,
+    /// Changelog offsets applied since it (what a restore would replay).
+    pub records_since_snapshot: u64,
+    /// Those records at the measured replay rate.
+    pub estimated_tail_replay: Duration,
+    /// A snapshot is being written.
+    pub in_flight: bool,
+    /// Snapshots this handle committed.
+    pub snapshots_taken: u64,
+    /// Snapshot attempts that failed.
+    pub snapshots_failed: u64,
+    /// Failures since the last success (the backoff grows with them).
+    pub consecutive_failures: u32,
+    /// Triggers that fired while a snapshot was in flight (folded into a
+    /// later snapshot).
+    pub coalesced_triggers: u64,
+    /// Bytes uploaded by this handle's snapshots.
+    pub bytes_uploaded: u64,
+    /// Bytes its snapshots reused from earlier ones.
+    pub bytes_reused: u64,
+    /// Why the last snapshot was taken.
+    pub last_trigger: Option<Trigger>,
+    /// How long the last attempt took (write and commit).
+    pub last_snapshot_duration: Option<Duration>,
+    /// The last failure, until a snapshot succeeds.
+    pub last_error: Option<String>,
+}
+
+/// What [`StateHandle::close`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloseReport {
+    /// The snapshot the next owner restores from: the handoff snapshot, or
+    /// the last one if it already covered every committed record.
+    pub snapshot: Option<SnapshotId>,
+    /// Its offset (= the last committed offset when the handoff worked).
+    pub offset: Option<u64>,
+    /// Whether close took a new snapshot.
+    pub took_snapshot: bool,
+    /// Uncommitted writes that were dropped.
+    pub discarded_pending: usize,
+    /// From the start of `close` to its end.
+    pub duration: Duration,
+}
+
+/// One open store partition: a [`LoggedStore`] (read-your-writes, commit
+/// = changelog then store) that snapshots itself in the background by
+/// policy and hands off on [`StateHandle::close`]. Dropping a handle is
+/// [`StateHandle::abandon`].
+pub struct StateHandle<F: StoreFormat + 'static, C: Changelog + 'static> {
+    logged: LoggedStore<F::Store, Arc<C>>,
+    format: Arc<F>,
+    changelog: Arc<C>,
+    manager: StateManager,
+    shared: Arc<Shared>,
+    policy: SnapshotPolicy,
+    report: RestoreReport,
+    opened_in: Duration,
+    read_only: Option<u64>,
+}
+
+impl<F: StoreFormat, C: Changelog> std::fmt::Debug for StateHandle<F, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateHandle")
+            .field("store_key", &self.shared.key)
+            .field("changelog", self.changelog.id())
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Removes a failed open's registration.
+struct Registered {
+    manager: StateManager,
+    key: Option<StoreKey>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Some(k) = self.key.take() {
+            self.manager.deregister(&k);
+        }
+    }
+}
+
+pub(super) async fn open<F, C>(
+    manager: StateManager,
+    spec: StoreSpec<F, C>,
+) -> Result<StateHandle<F, C>>
+where
+    F: StoreFormat + 'static,
+    F::Store: 'static,
+    C: Changelog + 'static,
+{
+    let started = Instant::now();
+    let StoreSpec {
+        store_key,
+        changelog,
+        format,
+        dir,
+        at_offset,
+        policy,
+    } = spec;
+    if manager.is_shut_down() {
+        return Err(cancelled("open", &store_key));
+    }
+    let inner = &manager.inner;
+    let shared = Arc::new(Shared::new(
+        store_key.clone(),
+        inner.clock.now_ms(),
+        inner.cancel.child_token(),
+    ));
+    // A point-in-time handle is read-only and may sit beside the live one.
+    let mut registered = Registered {
+        manager: manager.clone(),
+        key: None,
+    };
+    if at_offset.is_none() {
+        manager.register(&store_key, shared.clone())?;
+        registered.key = Some(store_key.clone());
+    }
+    let format = Arc::new(format);
+    let changelog = Arc::new(changelog);
+    let span = tracing::info_span!("open", store_key = %store_key, until = ?at_offset);
+    let permit = inner
+        .transfers
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| cancelled("open", &store_key))?;
+    let (f, c, repo, key, rt) = (
+        format.clone(),
+        changelog.clone(),
+        inner.repo.clone(),
+        store_key.clone(),
+        inner.rt.clone(),
+    );
+    let options = RestoreOptions {
+        local_first: true,
+        until: at_offset,
+        ..RestoreOptions::default()
+    };
+    // Restore downloads (async) and replays (blocking): all of it on a
+    // blocking thread so no executor worker stalls on the replay.
+    let restored = tokio::task::spawn_blocking(move || {
+        let _g = span.enter();
+        rt.block_on(crate::restore::restore_store(
+            &*f, &repo, &key, &*c, &dir, &options,
+        ))
+    })
+    .await
+    .map_err(|e| Error::internal(format!("restore task failed store_key=`{store_key}`: {e}")))?;
+    drop(permit);
+    let (store, report) = restored?;
+    manager.observe(
+        report.transfer.bytes_downloaded,
+        report.snapshot_duration.as_secs_f64(),
+        report.replay.records,
+        report.replay.duration.as_secs_f64(),
+    );
+    let logged = LoggedStore::new(store, changelog.clone())?;
+    let applied = logged.store().applied_offset()?;
+    // The newest usable snapshot at or below the store is the parent of
+    // the next one (not one whose restore just failed).
+    let failed: Vec<SnapshotId> = report.skipped.iter().map(|s| s.id).collect();
+    let parent = report
+        .plan
+        .manifests
+        .iter()
+        .filter(|m| !failed.contains(&m.id()))
+        .find(|m| applied.is_some_and(|a| m.offset() <= a))
+        .map(|m| m.manifest.clone());
+    {
+        let mut st = lock(&shared.state);
+        st.applied_offset = applied;
+        st.parent = parent;
+    }
+    tracing::info!(
+        store_key = %shared.key,
+        source = %report.source,
+        replayed = report.replay.records,
+        downloaded = report.transfer.bytes_downloaded,
+        ms = started.elapsed().as_millis() as u64,
+        "store ready"
+    );
+    registered.key = None; // the handle deregisters from now on
+    Ok(StateHandle {
+        logged,
+        format,
+        changelog,
+        policy: policy.unwrap_or_else(|| inner.policy.clone()),
+        manager,
+        shared,
+        report,
+        opened_in: started.elapsed(),
+        read_only: at_offset,
+    })
+}
+
+/// Writes and commits `cut` under the manager's transfer budget.
+async fn write_snapshot<F: StoreFormat, C: Changelog>(
+    format: Arc<F>,
+    cut: F::Cut,
+    repo: Repository,
+    key: StoreKey,
+    changelog: Arc<C>,
+    parent: Option<Manifest>,
+    transfers: Arc<tokio::sync::Semaphore>,
+) -> Result<Manifest> {
+    let _permit = transfers
+        .acquire_owned()
+        .await
+        .map_err(|_| cancelled("snapshot", &key))?;
+    commit_snapshot(&*format, cut, &repo, &key, &*changelog, parent.as_ref()).await
+}
+
+impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
+    /// The value of `key`: the pending write if any, else the store's.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        self.logged.get(key)
+    }
+
+    /// Ordered iteration over `[start, end)` including pending writes.
+    pub fn range<'a>(&'a self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<KvIter<'a>> {
+        self.logged.range(start, end)
+    }
+
+    /// Writes `key` = `value` (pending until [`StateHandle::commit`]).
+    pub fn put(&mut self, key: impl Into<Bytes>, value: impl Into<Bytes>) {
+        self.logged.put(key, value);
+    }
+
+    /// Deletes `key` (pending until [`StateHandle::commit`]).
+    pub fn delete(&mut self, key: impl Into<Bytes>) {
+        self.logged.delete(key);
+    }
+
+    /// Pending writes.
+    pub fn pending_len(&self) -> usize {
+        self.logged.pending_len()
+    }
+
+    /// Drops the pending writes.
+    pub fn discard(&mut self) {
+        self.logged.discard();
+    }
+
+    /// Commits the pending writes (changelog first, then the store; see
+    /// [`LoggedStore::commit`]) and, when the policy says a snapshot is
+    /// due, captures a cut here and writes it in the background. A failing
+    /// capture or snapshot never fails the commit: it is recorded in
+    /// [`StateHandle::status`] and retried after a backoff.
+    pub fn commit(&mut self) -> Result<Option<CommitInfo>> {
+        self.check_writable()?;
+        let info = self.logged.commit()?;
+        self.after_commit(None);
+        Ok(info)
+    }
+
+    /// Starts a snapshot now (after the next commit's records, whatever the
+    /// policy's triggers say). Returns `false` if one is already in flight
+    /// or there is nothing new since the last one.
+    pub fn snapshot_now(&mut self) -> Result<bool> {
+        self.check_writable()?;
+        Ok(self.after_commit(Some(Trigger::Requested)))
+    }
+
+    /// Waits until no snapshot of this store is in flight, and returns its
+    /// status.
+    pub async fn wait_for_snapshot(&self) -> StoreStatus {
+        let mut rx = self.shared.in_flight.subscribe();
+        // The sender lives in `self.shared`: it cannot be dropped here.
+        let _ = rx.wait_for(|f| !*f).await;
+        self.status()
+    }
+
+    /// Replays changelog records the store has not applied (after a
+    /// failed store write; see [`LoggedStore::catch_up`]).
+    pub fn catch_up(&mut self) -> Result<ReplayReport> {
+        let r = self.logged.catch_up(&ReplayOptions::default())?;
+        self.after_commit(None);
+        Ok(r)
+    }
+
+    /// How the store was opened: its source (local / snapshot / full
+    /// replay), every candidate with its verdict, bytes moved, records
+    /// replayed.
+    pub fn report(&self) -> &RestoreReport {
+        &self.report
+    }
+
+    /// From the call to [`StateManager::open`] to a ready store.
+    pub fn opened_in(&self) -> Duration {
+        self.opened_in
+    }
+
+    /// This store's snapshot status.
+    pub fn status(&self) -> StoreStatus {
+        self.shared
+            .status(self.manager.inner.clock.now_ms(), &self.manager.rates())
+    }
+
+    /// The store (committed state only).
+    pub fn store(&self) -> &F::Store {
+        self.logged.store()
+    }
+
+    /// The changelog.
+    pub fn changelog(&self) -> &C {
+        &self.changelog
+    }
+
+    /// The store partition.
+    pub fn store_key(&self) -> &StoreKey {
+        &self.shared.key
+    }
+
+    /// Hands the partition off: waits for a snapshot in flight, then takes
+    /// a snapshot at the last committed offset unless the last one already
+    /// covers it, and waits for it — all within the policy's
+    /// `close_deadline`. The next owner's `open` then replays nothing.
+    /// Pending (uncommitted) writes are dropped, as a crash would. On error
+    /// (`transient` for the deadline) the handle is gone all the same;
+    /// nothing committed is lost (the changelog has it), the next owner
+    /// replays more.
+    pub async fn close(mut self) -> Result<CloseReport> {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.policy.close_deadline;
+        let discarded_pending = self.logged.pending_len();
+        if discarded_pending > 0 {
+            tracing::warn!(store_key = %self.shared.key, pending = discarded_pending, "close drops uncommitted writes");
+            self.logged.discard();
+        }
+        let key = self.shared.key.clone();
+        let late = |what: &str| {
+            Error::new(
+                ErrorKind::Transient,
+                format!(
+                    "{what} did not finish within the close deadline store_key=`{key}` \
+                     deadline_ms={}; nothing committed is lost, the next owner replays more",
+                    self.policy.close_deadline.as_millis()
+                ),
+            )
+        };
+        if self.read_only.is_some() {
+            return Ok(CloseReport {
+                snapshot: None,
+                offset: None,
+                took_snapshot: false,
+                discarded_pending,
+                duration: started.elapsed(),
+            });
+        }
+        let mut rx = self.shared.in_flight.subscribe();
+        if tokio::time::timeout_at(deadline, rx.wait_for(|f| !*f))
+            .await
+            .is_err()
+        {
+            return Err(late("the snapshot in flight"));
+        }
+        let applied = self.logged.store().applied_offset()?;
+        let parent = lock(&self.shared.state).parent.clone();
+        let covered = match (applied, &parent) {
+            (None, _) => true,
+            (Some(a), Some(p)) => p.changelog.offset >= a,
+            (Some(_), None) => false,
+        };
+        if covered {
+            return Ok(CloseReport {
+                snapshot: parent.as_ref().map(|p| p.snapshot_id),
+                offset: parent.as_ref().map(|p| p.changelog.offset),
+                took_snapshot: false,
+                discarded_pending,
+                duration: started.elapsed(),
+            });
+        }
+        let cut = self.format.capture(self.logged.store())?;
+        let snap_started = Instant::now();
+        lock(&self.shared.state).last_trigger = Some(Trigger::Handoff);
+        self.shared.in_flight.send_replace(true);
+        let inner = &self.manager.inner;
+        let span = tracing::info_span!("snapshot", store_key = %key, trigger = %Trigger::Handoff);
+        let write = write_snapshot(
+            self.format.clone(),
+            cut,
+            inner.repo.clone(),
+            key.clone(),
+            self.changelog.clone(),
+            parent,
+            inner.transfers.clone(),
+        )
+        .instrument(span);
+        let result = match tokio::time::timeout_at(deadline, write).await {
+            Ok(r) => r,
+            Err(_) => Err(late("the handoff snapshot")),
+        };
+        self.shared
+            .finish(&result, snap_started, inner.clock.now_ms(), &self.policy);
+        let m = result?;
+        Ok(CloseReport {
+            snapshot: Some(m.snapshot_id),
+            offset: Some(m.changelog.offset),
+            took_snapshot: true,
+            discarded_pending,
+            duration: started.elapsed(),
+        })
+    }
+
+    /// Drops the handle without a handoff snapshot: a snapshot in flight
+    /// is cancelled (it commits nothing; its blobs are collected by gc) and
+    /// this waits until its task let go of the changelog, so the partition
+    /// can be reopened at once. The next owner restores from the last
+    /// snapshot and replays the tail. Dropping a handle cancels the same
+    /// way without waiting.
+    pub async fn abandon(self) {
+        self.shared.cancel.cancel();
+        let mut rx = self.shared.in_flight.subscribe();
+        // The sender lives in `self.shared`: it cannot be dropped here.
+        let _ = rx.wait_for(|f| !*f).await;
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        match self.read_only {
+            Some(o) => Err(Error::config(format!(
+                "this handle was opened at a point in time and is read-only store_key=`{}` \
+                 at_offset={o}; open it without at_offset to write",
+                self.shared.key
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Updates the status after the store moved and starts a snapshot when
+    /// `forced` or the policy says so. Returns whether one was started.
+    fn after_commit(&mut self, forced: Option<Trigger>) -> bool {
+        let applied = match self.logged.store().applied_offset() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(store_key = %self.shared.key, error = %e, "cannot read the applied offset");
+                return false;
+            }
+        };
+        let inner = &self.manager.inner;
+        let now = inner.clock.now_ms();
+        let in_flight = *self.shared.in_flight.borrow();
+        let trigger = {
+            let mut st = lock(&self.shared.state);
+            st.applied_offset = applied;
+            if self.manager.is_shut_down() {
+                return false;
+            }
+            let records_since = Shared::records_since(&st);
+            match forced {
+                Some(t) if records_since > 0 && !in_flight => t,
+                Some(_) => return false,
+                None => {
+                    let input = PolicyInput {
+                        now_ms: now,
+                        records_since,
+                        since_ms: st
+                            .parent
+                            .as_ref()
+                            .map_or(st.opened_at_ms, |p| p.created_at.max(st.opened_at_ms)),
+                        last_attempt_ms: st.last_attempt_ms,
+                        retry_at_ms: st.retry_at_ms,
+                        in_flight,
+                        replay_records_per_sec: self.manager.rates().replay_records_per_sec,
+                    };
+                    match policy::due(&self.policy, &input) {
+                        Ok(Some(t)) => t,
+                        Ok(None) => return false,
+                        Err(()) => {
+                            st.coalesced += 1;
+                            return false;
+                        }
+                    }
+                }
+            }
+        };
+        self.start_snapshot(trigger, now)
+    }
+
+    fn start_snapshot(&mut self, trigger: Trigger, now: i64) -> bool {
+        let started = Instant::now();
+        let key = self.shared.key.clone();
+        {
+            let mut st = lock(&self.shared.state);
+            st.last_attempt_ms = Some(now);
+            st.last_trigger = Some(trigger);
+        }
+        // The only step on the processing thread.
+        let cut = match self.format.capture(self.logged.store()) {
+            Ok(c) => c,
+            Err(e) => {
+                self.shared.finish(&Err(e), started, now, &self.policy);
+                return false;
+            }
+        };
+        self.shared.in_flight.send_replace(true);
+        let parent = lock(&self.shared.state).parent.clone();
+        let inner = &self.manager.inner;
+        let span = tracing::info_span!("snapshot", store_key = %key, trigger = %trigger);
+        let write = write_snapshot(
+            self.format.clone(),
+            cut,
+            inner.repo.clone(),
+            key.clone(),
+            self.changelog.clone(),
+            parent,
+            inner.transfers.clone(),
+        );
+        let (shared, policy, clock) = (
+            self.shared.clone(),
+            self.policy.clone(),
+            inner.clock.clone(),
+        );
+        inner.tasks.spawn_on(
+            async move {
+                let result = tokio::select! {
+                    r = write => r,
+                    () = shared.cancel.cancelled() => Err(cancelled("snapshot", &key)),
+                };
+                if let Ok(m) = &result {
+                    tracing::info!(snapshot = %m.snapshot_id, offset = m.changelog.offset, "snapshot committed");
+                }
+                shared.finish(&result, started, clock.now_ms(), &policy);
+            }
+            .instrument(span),
+            &inner.rt,
+        );
+        true
+    }
+}
+
+impl<F: StoreFormat, C: Changelog> Drop for StateHandle<F, C> {
+    fn drop(&mut self) {
+        self.shared.cancel.cancel();
+        if self.read_only.is_none() {
+            self.manager.deregister(&self.shared.key);
+        }
+    }
+}

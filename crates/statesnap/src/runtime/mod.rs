@@ -1,0 +1,378 @@
+//! The runtime: the one way in for a stream processor.
+//!
+//! One [`StateManager`] per process holds the repository, the clock, the
+//! snapshot policy, the budget of concurrent transfers shared by all stores,
+//! and the measured rates its estimates use. [`StateManager::open`] turns a
+//! [`StoreSpec`] (store partition, changelog, format, local directory) into
+//! a ready [`StateHandle`] along the fastest exact path — the local store,
+//! else the newest usable snapshot and the tail, else a full replay — and
+//! reports which it took and why ([`StateHandle::report`]).
+//! [`StateManager::plan`] is the same decision as a dry run.
+//!
+//! A handle takes snapshots in the background as its [`SnapshotPolicy`]
+//! says: [`StateHandle::commit`] captures a cut on the caller's thread (an
+//! O(1) clone or a RocksDB checkpoint of hard links) when one is due, and a
+//! task on the manager's tokio runtime writes and commits it. One snapshot
+//! is in flight per store; a failed one is retried after a backoff, never
+//! blocks commits, and never leaves a partial snapshot (the manifest is the
+//! last thing written). [`StateHandle::close`] takes a handoff snapshot at
+//! the last committed offset so the next owner of the partition replays
+//! nothing; [`StateHandle::abandon`] drops the handle without one.
+//!
+//! Each handle owns its format value, and with it the per-store writer
+//! state incremental snapshots reuse (the portable format's last cut, the
+//! RocksDB format's file-hash cache): nothing is shared between stores.
+//!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> statesnap::Result<()> {
+//! use statesnap::runtime::{SnapshotPolicy, StateManager, StoreSpec};
+//! use statesnap::{ChangelogId, FileChangelog, Repository};
+//! # let dir = tempfile::tempdir().expect("tempdir");
+//! # let url = format!("file://{}", dir.path().join("repo").display());
+//!
+//! let repo = Repository::init(&url, Default::default()).await?;
+//! let state = StateManager::builder(repo)
+//!     .policy(SnapshotPolicy::default().every_records(10_000))
+//!     .build()?;
+//! // A partition is assigned to this process:
+//! let log = FileChangelog::open(
+//!     dir.path().join("log"),
+//!     ChangelogId::for_store("shop", "carts", 0)?,
+//!     Default::default(),
+//! )?;
+//! let mut carts = state
+//!     .open(StoreSpec::memory("shop", "carts", 0, log, dir.path().join("carts"))?)
+//!     .await?;
+//! carts.put("cart-1", "apples");
+//! carts.commit()?;
+//! // The partition is revoked: a handoff snapshot, so the next owner
+//! // replays nothing.
+//! let closed = carts.close().await?;
+//! assert!(closed.snapshot.is_some());
+//! state.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod handle;
+mod policy;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::changelog::Changelog;
+use crate::clock::SharedClock;
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::StoreFormat;
+use crate::format::portable::PortableFormat;
+use crate::repo::{Repository, StoreKey};
+use crate::restore::{PlanOptions, Rates, RestorePlan, plan_restore};
+use crate::store::memory::MemoryStore;
+
+pub use handle::{CloseReport, StateHandle, StoreStatus};
+pub use policy::{SnapshotPolicy, Trigger};
+
+/// One store partition to open: its key in the repository, its changelog,
+/// its format (a fresh value per store: it carries the store's writer
+/// state) and its local directory.
+#[derive(Debug)]
+pub struct StoreSpec<F, C> {
+    /// The store partition in the repository.
+    pub store_key: StoreKey,
+    /// Its changelog.
+    pub changelog: C,
+    /// How it is snapshotted and restored.
+    pub format: F,
+    /// Where the local store lives (RocksDB files; restore staging).
+    pub dir: PathBuf,
+    /// Point in time: open the store as of this changelog offset, read-only.
+    pub at_offset: Option<u64>,
+    /// This store's policy instead of the manager's.
+    pub policy: Option<SnapshotPolicy>,
+}
+
+impl<F: StoreFormat, C: Changelog> StoreSpec<F, C> {
+    /// A spec for `store_key` with the manager's policy.
+    pub fn new(store_key: StoreKey, changelog: C, format: F, dir: impl Into<PathBuf>) -> Self {
+        StoreSpec {
+            store_key,
+            changelog,
+            format,
+            dir: dir.into(),
+            at_offset: None,
+            policy: None,
+        }
+    }
+
+    /// Opens the store as of changelog offset `offset` (the newest source
+    /// at or before it, replayed up to it). The handle is read-only:
+    /// `commit` refuses, and no snapshot is taken. Use a directory of its
+    /// own: the local store there is replaced.
+    pub fn at_offset(mut self, offset: u64) -> Self {
+        self.at_offset = Some(offset);
+        self
+    }
+
+    /// Uses `policy` for this store.
+    pub fn policy(mut self, policy: SnapshotPolicy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+}
+
+impl<C: Changelog> StoreSpec<PortableFormat<MemoryStore>, C> {
+    /// An in-memory store (portable format) of `application`/`store`,
+    /// partition `partition`. Memory stores keep nothing locally: each open
+    /// restores from the newest snapshot (or replays).
+    pub fn memory(
+        application: &str,
+        store: &str,
+        partition: u32,
+        changelog: C,
+        dir: impl Into<PathBuf>,
+    ) -> Result<Self> {
+        Ok(StoreSpec::new(
+            StoreKey::new(application, store, partition)?,
+            changelog,
+            PortableFormat::memory(),
+            dir,
+        ))
+    }
+}
+
+#[cfg(feature = "rocksdb")]
+impl<C: Changelog> StoreSpec<crate::format::rocks::RocksFormat, C> {
+    /// A RocksDB store (default options) of `application`/`store`,
+    /// partition `partition`, living in `dir`.
+    pub fn rocksdb(
+        application: &str,
+        store: &str,
+        partition: u32,
+        changelog: C,
+        dir: impl Into<PathBuf>,
+    ) -> Result<Self> {
+        Ok(StoreSpec::new(
+            StoreKey::new(application, store, partition)?,
+            changelog,
+            crate::format::rocks::RocksFormat::new(Default::default()),
+            dir,
+        ))
+    }
+}
+
+/// Builds a [`StateManager`].
+#[derive(Debug)]
+pub struct StateManagerBuilder {
+    repo: Repository,
+    policy: SnapshotPolicy,
+    clock: Option<SharedClock>,
+    max_transfers: usize,
+    rates: Rates,
+}
+
+impl StateManagerBuilder {
+    /// The default snapshot policy of every store.
+    pub fn policy(mut self, policy: SnapshotPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The time source (default: the repository's clock).
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// How many snapshot writes and restores run at once across all stores
+    /// (each moves up to the repository's `transfer.parallelism` blobs at
+    /// once). Default 4.
+    pub fn max_concurrent_transfers(mut self, n: usize) -> Self {
+        self.max_transfers = n.max(1);
+        self
+    }
+
+    /// The rates estimates start from before anything was measured.
+    pub fn initial_rates(mut self, rates: Rates) -> Self {
+        self.rates = rates;
+        self
+    }
+
+    /// Builds the manager. Must be called inside a tokio runtime: its
+    /// background work runs there (fails `config` otherwise).
+    pub fn build(self) -> Result<StateManager> {
+        let rt = tokio::runtime::Handle::try_current().map_err(|e| {
+            Error::config(format!(
+                "StateManager::build needs a tokio runtime ({e}); call it from async code"
+            ))
+        })?;
+        let clock = self.clock.unwrap_or_else(|| self.repo.clock().clone());
+        Ok(StateManager {
+            inner: Arc::new(Inner {
+                repo: self.repo,
+                policy: self.policy,
+                clock,
+                rt,
+                cancel: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                transfers: Arc::new(tokio::sync::Semaphore::new(self.max_transfers)),
+                open: Mutex::new(BTreeMap::new()),
+                rates: Mutex::new(self.rates),
+            }),
+        })
+    }
+}
+
+/// The runtime of one process: see the [module docs](self). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StateManager {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    repo: Repository,
+    policy: SnapshotPolicy,
+    clock: SharedClock,
+    rt: tokio::runtime::Handle,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    transfers: Arc<tokio::sync::Semaphore>,
+    /// Open stores, with the status cell their handle updates.
+    open: Mutex<BTreeMap<StoreKey, Arc<handle::Shared>>>,
+    rates: Mutex<Rates>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl StateManager {
+    /// A builder over `repo`.
+    pub fn builder(repo: Repository) -> StateManagerBuilder {
+        StateManagerBuilder {
+            repo,
+            policy: SnapshotPolicy::default(),
+            clock: None,
+            max_transfers: 4,
+            rates: Rates::default(),
+        }
+    }
+
+    /// The repository.
+    pub fn repository(&self) -> &Repository {
+        &self.inner.repo
+    }
+
+    /// The rates estimates use: measured by this process's restores and
+    /// replays (a moving average), the initial figures until then.
+    pub fn rates(&self) -> Rates {
+        *lock(&self.inner.rates)
+    }
+
+    /// Records a measured download (`bytes` in `secs`) and replay
+    /// (`records` in `replay_secs`); small samples are ignored.
+    fn observe(&self, bytes: u64, secs: f64, records: u64, replay_secs: f64) {
+        let mut r = lock(&self.inner.rates);
+        // Below these a measurement is mostly fixed costs, not a rate.
+        if bytes >= 4 << 20 && secs > 0.0 {
+            r.download_bytes_per_sec = blend(r.download_bytes_per_sec, bytes as f64 / secs);
+        }
+        if records >= 10_000 && replay_secs > 0.0 {
+            r.replay_records_per_sec =
+                blend(r.replay_records_per_sec, records as f64 / replay_secs);
+        }
+    }
+
+    /// The status of every open store.
+    pub fn status(&self) -> Vec<StoreStatus> {
+        let open: Vec<_> = lock(&self.inner.open).values().cloned().collect();
+        let now = self.inner.clock.now_ms();
+        let rates = self.rates();
+        open.iter().map(|s| s.status(now, &rates)).collect()
+    }
+
+    /// The restore decision [`StateManager::open`] would take for `spec`,
+    /// without changing anything: every candidate with its verdict, bytes
+    /// to download and found locally, records to replay, and an estimated
+    /// time ([`RestorePlan::estimated_time`] with [`StateManager::rates`]).
+    pub async fn plan<F: StoreFormat, C: Changelog>(
+        &self,
+        spec: &StoreSpec<F, C>,
+    ) -> Result<RestorePlan> {
+        plan_restore(
+            &spec.format,
+            &self.inner.repo,
+            &spec.store_key,
+            &spec.changelog,
+            &spec.dir,
+            &PlanOptions {
+                local_first: true,
+                full_replay: false,
+                until: spec.at_offset,
+            },
+        )
+        .await
+    }
+
+    /// Opens `spec`'s store, restored and caught up with its changelog:
+    /// see [`StateHandle`]. The restore runs on a blocking thread, off the
+    /// executor's workers, under the manager's transfer budget. Fails
+    /// (`config`) if the store is already open in this manager.
+    pub async fn open<F, C>(&self, spec: StoreSpec<F, C>) -> Result<StateHandle<F, C>>
+    where
+        F: StoreFormat + 'static,
+        F::Store: 'static,
+        C: Changelog + 'static,
+    {
+        handle::open(self.clone(), spec).await
+    }
+
+    /// Stops background work: snapshots in flight are cancelled (nothing
+    /// partial is left: a cancelled snapshot committed no manifest, its
+    /// uploaded blobs are collected by gc), and this waits for their tasks
+    /// to end. Handles stay usable for reads and commits; they take no more
+    /// snapshots.
+    pub async fn shutdown(&self) {
+        self.inner.cancel.cancel();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+
+    fn is_shut_down(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    fn register(&self, key: &StoreKey, shared: Arc<handle::Shared>) -> Result<()> {
+        let mut open = lock(&self.inner.open);
+        if open.contains_key(key) {
+            return Err(Error::config(format!(
+                "store is already open in this manager store_key=`{key}`; close or abandon its \
+                 handle first"
+            )));
+        }
+        open.insert(key.clone(), shared);
+        Ok(())
+    }
+
+    fn deregister(&self, key: &StoreKey) {
+        lock(&self.inner.open).remove(key);
+    }
+}
+
+fn blend(old: f64, sample: f64) -> f64 {
+    0.7 * old + 0.3 * sample
+}
+
+fn cancelled(what: &str, key: &StoreKey) -> Error {
+    Error::new(
+        ErrorKind::Cancelled,
+        format!(
+            "{what} cancelled (the state manager shut down, or the handle was abandoned) \
+             store_key=`{key}`"
+        ),
+    )
+}

@@ -1,0 +1,729 @@
+//! The runtime (StateManager / StateHandle): open along the fastest exact
+//! path, plan = open's decision, background snapshots by policy, handoff on
+//! close, abandon, shutdown — for the in-memory (portable) and the RocksDB
+//! formats, against a real local-directory repository (and the
+//! fault-injecting object store where faults are the point).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bytes::Bytes;
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Kv, Rng, contents, key};
+use statesnap::changelog::ChangelogId;
+use statesnap::clock::{ManualClock, SharedClock};
+use statesnap::error::ErrorKind;
+use statesnap::repo::faulty::{FaultConfig, FaultyStore};
+use statesnap::restore::Source;
+use statesnap::runtime::{SnapshotPolicy, StateHandle, StateManager, StoreSpec, Trigger};
+use statesnap::{FileChangelog, Repository, StoreKey};
+
+type Log = FileChangelog;
+
+fn log(dir: &Path) -> statesnap::Result<Log> {
+    FileChangelog::open(
+        dir.join("log"),
+        ChangelogId::for_store("app", "rt", 0)?,
+        Default::default(),
+    )
+}
+
+async fn repo(dir: &Path, clock: &ManualClock) -> Repository {
+    let url = format!("file://{}", dir.join("repo").display());
+    let opts = statesnap::RepositoryOptions {
+        clock: Arc::new(clock.clone()),
+        ..Default::default()
+    };
+    Repository::init(&url, opts).await.unwrap()
+}
+
+fn manager(repo: Repository, clock: &ManualClock, policy: SnapshotPolicy) -> StateManager {
+    let clock: SharedClock = Arc::new(clock.clone());
+    StateManager::builder(repo)
+        .clock(clock)
+        .policy(policy)
+        .build()
+        .unwrap()
+}
+
+/// Which store type a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Memory,
+    Rocks,
+}
+
+/// Opens `kind`'s store in `dir` through `m`, returning a type-erased
+/// handle wrapper.
+enum Handle {
+    Memory(StateHandle<statesnap::PortableFormat<statesnap::MemoryStore>, Log>),
+    Rocks(StateHandle<statesnap::RocksFormat, Log>),
+}
+
+macro_rules! each {
+    ($h:expr, $v:ident => $e:expr) => {
+        match $h {
+            Handle::Memory($v) => $e,
+            Handle::Rocks($v) => $e,
+        }
+    };
+}
+
+impl Handle {
+    async fn open(
+        m: &StateManager,
+        kind: Kind,
+        dir: &Path,
+        store_dir: &str,
+        at: Option<u64>,
+    ) -> statesnap::Result<Handle> {
+        let target = dir.join(store_dir);
+        Ok(match kind {
+            Kind::Memory => {
+                let mut spec = StoreSpec::memory("app", "rt", 0, log(dir)?, target)?;
+                spec.at_offset = at;
+                Handle::Memory(m.open(spec).await?)
+            }
+            Kind::Rocks => {
+                let mut spec = StoreSpec::rocksdb("app", "rt", 0, log(dir)?, target)?;
+                spec.at_offset = at;
+                Handle::Rocks(m.open(spec).await?)
+            }
+        })
+    }
+
+    fn contents(&self) -> Kv {
+        each!(self, h => contents(h.store()))
+    }
+
+    fn report(&self) -> &statesnap::RestoreReport {
+        each!(self, h => h.report())
+    }
+
+    fn write(&mut self, k: Bytes, v: Option<Bytes>) {
+        each!(self, h => match v {
+            Some(v) => h.put(k, v),
+            None => h.delete(k),
+        })
+    }
+
+    fn commit(&mut self) -> statesnap::Result<()> {
+        each!(self, h => h.commit().map(|_| ()))
+    }
+
+    fn snapshot_now(&mut self) -> bool {
+        each!(self, h => h.snapshot_now().unwrap())
+    }
+
+    async fn wait(&self) -> statesnap::runtime::StoreStatus {
+        each!(self, h => h.wait_for_snapshot().await)
+    }
+
+    async fn close(self) -> statesnap::runtime::CloseReport {
+        each!(self, h => h.close().await.unwrap())
+    }
+
+    async fn abandon(self) {
+        each!(self, h => h.abandon().await)
+    }
+}
+
+fn sk() -> StoreKey {
+    StoreKey::new("app", "rt", 0).unwrap()
+}
+
+/// Commits `n` writes of distinct keys below `keys` (`n` records) to `h`
+/// and the model.
+fn write_batch(h: &mut Handle, model: &mut Kv, rng: &mut Rng, n: usize, keys: u64) {
+    assert!(n as u64 <= keys);
+    let start = rng.below(keys);
+    for i in 0..n as u64 {
+        let k = key(((start + i) % keys) as u8);
+        let v = if rng.chance(15) {
+            None
+        } else {
+            Some(Bytes::from(format!("v{}", rng.next() % 1000)))
+        };
+        h.write(k.clone(), v.clone());
+        match v {
+            Some(v) => model.insert(k, v),
+            None => model.remove(&k),
+        };
+    }
+    h.commit().unwrap();
+}
+
+async fn close_hands_off(kind: Kind) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let m = manager(
+        repo(dir.path(), &clock).await,
+        &clock,
+        SnapshotPolicy::manual(),
+    );
+    let mut model = Kv::new();
+    let mut rng = Rng(7);
+    let mut h = Handle::open(&m, kind, dir.path(), "s", None).await.unwrap();
+    assert_eq!(h.report().source, Source::FullReplay);
+    for _ in 0..20 {
+        write_batch(&mut h, &mut model, &mut rng, 25, 60);
+    }
+    let closed = h.close().await;
+    assert!(closed.took_snapshot);
+    assert_eq!(closed.offset, Some(499));
+    // Same directory: the local store (RocksDB) or the handoff snapshot
+    // (memory keeps nothing locally) — either way nothing to replay.
+    let h = Handle::open(&m, kind, dir.path(), "s", None).await.unwrap();
+    assert_eq!(h.report().replay.records, 0, "{:?}", h.report().source);
+    let expected = match kind {
+        Kind::Memory => Source::Snapshot {
+            id: closed.snapshot.unwrap(),
+            offset: 499,
+        },
+        Kind::Rocks => Source::Local {
+            applied_offset: Some(499),
+        },
+    };
+    assert_eq!(h.report().source, expected);
+    assert_eq!(h.contents(), model);
+    // Closing again with nothing new takes no snapshot.
+    let again = h.close().await;
+    assert!(!again.took_snapshot);
+    assert_eq!(again.snapshot, closed.snapshot);
+    // Another machine (a fresh directory): the handoff snapshot, no replay.
+    let h = Handle::open(&m, kind, dir.path(), "elsewhere", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        h.report().source,
+        Source::Snapshot {
+            id: closed.snapshot.unwrap(),
+            offset: 499
+        }
+    );
+    assert_eq!(h.report().replay.records, 0);
+    assert_eq!(h.contents(), model);
+    h.abandon().await;
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_hands_off_and_the_next_open_replays_nothing_memory() {
+    close_hands_off(Kind::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_hands_off_and_the_next_open_replays_nothing_rocks() {
+    close_hands_off(Kind::Rocks).await;
+}
+
+/// `plan` names the source `open` then uses, with the figures it reports,
+/// for every kind of candidate: full replay, snapshot, local store (ahead of
+/// and behind the newest snapshot), fallback past a rotten snapshot, and a
+/// point in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_agrees_with_open_for_every_candidate_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let repo = repo(dir.path(), &clock).await;
+    let m = manager(repo.clone(), &clock, SnapshotPolicy::manual());
+    let spec = |store_dir: &str| {
+        StoreSpec::rocksdb(
+            "app",
+            "rt",
+            0,
+            log(dir.path()).unwrap(),
+            dir.path().join(store_dir),
+        )
+        .unwrap()
+    };
+    let mut model = Kv::new();
+    let mut rng = Rng(11);
+
+    // Nothing anywhere: full replay.
+    let s = spec("a");
+    let plan = m.plan(&s).await.unwrap();
+    drop(s);
+    assert_eq!(plan.chosen().unwrap().source, Source::FullReplay);
+    assert_eq!(plan.steps.len(), 1);
+    let mut a = Handle::Rocks(m.open(spec("a")).await.unwrap());
+    assert_eq!(a.report().source, Source::FullReplay);
+    for _ in 0..10 {
+        write_batch(&mut a, &mut model, &mut rng, 20, 80);
+    }
+    let s10 = a.close().await; // snapshot at 199
+    let at_199 = model.clone();
+
+    // A fresh directory: the snapshot; figures as planned.
+    let s = spec("b");
+    let plan = m.plan(&s).await.unwrap();
+    drop(s);
+    let step = plan.chosen().unwrap().clone();
+    assert_eq!(
+        step.source,
+        Source::Snapshot {
+            id: s10.snapshot.unwrap(),
+            offset: 199
+        }
+    );
+    assert_eq!(step.records_to_replay, 0);
+    assert!(step.bytes_to_download > 0);
+    assert_eq!(step.bytes_local, 0);
+    let mut b = Handle::Rocks(m.open(spec("b")).await.unwrap());
+    assert_eq!(b.report().source, step.source);
+    assert_eq!(b.report().transfer.bytes_downloaded, step.bytes_to_download);
+    for _ in 0..10 {
+        write_batch(&mut b, &mut model, &mut rng, 20, 80);
+    }
+    let s20 = b.close().await; // snapshot at 399, sharing files with "a"
+
+    // "a" is a local store at 199, behind the snapshot at 399: the
+    // snapshot, reusing the local files it shares.
+    let s = spec("a");
+    let plan = m.plan(&s).await.unwrap();
+    drop(s);
+    let step = plan.chosen().unwrap().clone();
+    assert_eq!(
+        step.source,
+        Source::Snapshot {
+            id: s20.snapshot.unwrap(),
+            offset: 399
+        }
+    );
+    assert!(step.bytes_local > 0, "{step:?}");
+    // Fallbacks: the local store, then the older snapshot... then replay.
+    let order: Vec<_> = plan.steps.iter().map(|s| s.source.clone()).collect();
+    assert_eq!(
+        order,
+        vec![
+            step.source.clone(),
+            Source::Local {
+                applied_offset: Some(199)
+            },
+            Source::Snapshot {
+                id: s10.snapshot.unwrap(),
+                offset: 199
+            },
+            Source::FullReplay
+        ]
+    );
+    let mut a = Handle::Rocks(m.open(spec("a")).await.unwrap());
+    let r = a.report();
+    assert_eq!(r.source, step.source);
+    assert_eq!(r.transfer.bytes_reused_locally, step.bytes_local);
+    assert_eq!(r.transfer.bytes_downloaded, step.bytes_to_download);
+    assert_eq!(a.contents(), model);
+    // Local ahead of the newest snapshot: kept, only its tail replayed.
+    write_batch(&mut a, &mut model, &mut rng, 20, 80); // offsets 400..419
+    a.abandon().await;
+    write_batch_elsewhere(&m, dir.path(), &mut model, &mut rng).await; // 420..439 via "c", abandoned
+    let s = spec("a");
+    let plan = m.plan(&s).await.unwrap();
+    drop(s);
+    let step = plan.chosen().unwrap().clone();
+    assert_eq!(
+        step.source,
+        Source::Local {
+            applied_offset: Some(419)
+        }
+    );
+    assert_eq!(step.records_to_replay, 20);
+    let a = Handle::Rocks(m.open(spec("a")).await.unwrap());
+    assert_eq!(a.report().source, step.source);
+    assert_eq!(a.report().replay.records, step.records_to_replay);
+    assert_eq!(a.contents(), model);
+    a.abandon().await;
+
+    // Rot a blob of the newest snapshot: plan cannot see it (blobs are
+    // verified by the restore), open falls back to the next step.
+    let newest = repo
+        .get_snapshot(&sk(), s20.snapshot.unwrap())
+        .await
+        .unwrap();
+    let older = repo
+        .get_snapshot(&sk(), s10.snapshot.unwrap())
+        .await
+        .unwrap();
+    // An SST only the newest snapshot has (a shared one would rot both).
+    let rotten = newest
+        .manifest
+        .files
+        .iter()
+        .find(|f| {
+            f.path.ends_with(".sst") && !older.manifest.files.iter().any(|o| o.blake3 == f.blake3)
+        })
+        .unwrap();
+    common::rot_blob(&repo.object_store(), &sk(), &rotten.blake3, 0x10).await;
+    let s = spec("d");
+    let plan = m.plan(&s).await.unwrap();
+    drop(s);
+    assert_eq!(plan.steps[0].source.start_offset(), Some(399));
+    let d = Handle::Rocks(m.open(spec("d")).await.unwrap());
+    assert_eq!(d.report().source, plan.steps[1].source);
+    assert_eq!(d.report().skipped[0].id, s20.snapshot.unwrap());
+    assert_eq!(d.report().skipped[0].kind, ErrorKind::Corrupt);
+    assert_eq!(d.contents(), model);
+    d.abandon().await;
+
+    // Point in time: offset 199 = the older snapshot, nothing replayed;
+    // read-only.
+    let s = spec("pit").at_offset(199);
+    let plan = m.plan(&s).await.unwrap();
+    drop(s);
+    assert_eq!(plan.chosen().unwrap().source.start_offset(), Some(199));
+    assert!(
+        plan.rejected
+            .iter()
+            .any(|r| r.source.start_offset() == Some(399) && r.kind == ErrorKind::Config)
+    );
+    let mut pit = m.open(spec("pit").at_offset(199)).await.unwrap();
+    assert_eq!(pit.report().source, plan.chosen().unwrap().source);
+    assert_eq!(contents(pit.store()), at_199);
+    pit.put("x", "y");
+    assert_eq!(pit.commit().unwrap_err().kind(), ErrorKind::Config);
+    drop(pit);
+    m.shutdown().await;
+}
+
+/// Writes 20 records through another directory's store and abandons it
+/// (the log moves on without "a").
+async fn write_batch_elsewhere(m: &StateManager, dir: &Path, model: &mut Kv, rng: &mut Rng) {
+    let mut c = Handle::open(m, Kind::Rocks, dir, "c", None).await.unwrap();
+    write_batch(&mut c, model, rng, 20, 80);
+    c.abandon().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_is_open_once_per_manager_and_not_after_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let m = manager(
+        repo(dir.path(), &clock).await,
+        &clock,
+        SnapshotPolicy::manual(),
+    );
+    let h = m
+        .open(
+            StoreSpec::memory(
+                "app",
+                "rt",
+                0,
+                log(dir.path()).unwrap(),
+                dir.path().join("s"),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let other = dir.path().join("other");
+    let err = m
+        .open(
+            StoreSpec::memory("app", "rt", 0, log(&other).unwrap(), dir.path().join("t")).unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert_eq!(m.status().len(), 1);
+    h.abandon().await;
+    assert!(m.status().is_empty());
+    m.shutdown().await;
+    let err = m
+        .open(
+            StoreSpec::memory(
+                "app",
+                "rt",
+                0,
+                log(dir.path()).unwrap(),
+                dir.path().join("s"),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+}
+
+/// Records and time triggers fire in the background, each snapshot is
+/// restorable, and nothing fires without new records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_triggers_take_snapshots_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let repo = repo(dir.path(), &clock).await;
+    let policy = SnapshotPolicy::manual()
+        .every_records(100)
+        .min_interval(Duration::ZERO);
+    let m = manager(repo.clone(), &clock, policy);
+    let mut model = Kv::new();
+    let mut rng = Rng(3);
+    let mut h = Handle::open(&m, Kind::Memory, dir.path(), "s", None)
+        .await
+        .unwrap();
+    // 99 records: not yet.
+    write_batch(&mut h, &mut model, &mut rng, 99, 200);
+    assert_eq!(h.wait().await.snapshots_taken, 0);
+    write_batch(&mut h, &mut model, &mut rng, 1, 200);
+    let st = h.wait().await;
+    assert_eq!(st.snapshots_taken, 1);
+    assert_eq!(st.last_trigger, Some(Trigger::Records));
+    assert_eq!(st.last_snapshot_offset, Some(99));
+    assert_eq!(st.records_since_snapshot, 0);
+    h.abandon().await;
+
+    // Time: every 10 s (records off); the injected clock decides.
+    let policy = SnapshotPolicy::manual()
+        .every(Duration::from_secs(10))
+        .min_interval(Duration::ZERO);
+    let m2 = manager(repo.clone(), &clock, policy);
+    let mut h = Handle::open(&m2, Kind::Memory, dir.path(), "s", None)
+        .await
+        .unwrap();
+    assert_eq!(h.report().source.start_offset(), Some(99));
+    write_batch(&mut h, &mut model, &mut rng, 5, 50);
+    clock.advance_ms(9_999);
+    write_batch(&mut h, &mut model, &mut rng, 5, 50);
+    assert_eq!(h.wait().await.snapshots_taken, 0);
+    clock.advance_ms(1);
+    write_batch(&mut h, &mut model, &mut rng, 5, 50);
+    let st = h.wait().await;
+    assert_eq!(
+        (st.snapshots_taken, st.last_trigger),
+        (1, Some(Trigger::Time))
+    );
+    assert_eq!(st.last_snapshot_offset, Some(114));
+    // Time passing without records: nothing to snapshot.
+    clock.advance_ms(60_000);
+    each!(&mut h, x => assert!(x.commit().unwrap().is_none()));
+    assert_eq!(h.wait().await.snapshots_taken, 1);
+    h.abandon().await;
+    // Every snapshot restores exactly what the log held at its offset.
+    let list = repo.list_snapshots(&sk()).await.unwrap();
+    assert_eq!(list.snapshots.len(), 2);
+    let last = Handle::open(&m2, Kind::Memory, dir.path(), "check", None)
+        .await
+        .unwrap();
+    assert_eq!(last.contents(), model);
+    last.abandon().await;
+    m.shutdown().await;
+    m2.shutdown().await;
+}
+
+/// A manager over the fault-injecting store, sharing `clock`.
+async fn faulty_manager(
+    clock: &ManualClock,
+    policy: SnapshotPolicy,
+) -> (StateManager, FaultyStore, Repository) {
+    let base: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let faulty = FaultyStore::new(base, FaultConfig::default());
+    let repo = Repository::from_store(Arc::new(faulty.clone()), "")
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    repo.create_marker().await.unwrap();
+    (manager(repo.clone(), clock, policy), faulty, repo)
+}
+
+/// Failures back off exponentially on the injected clock, are surfaced in
+/// the status, never fail a commit and never commit a partial snapshot; the
+/// first attempt after the repository heals succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_snapshots_back_off_and_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let policy = SnapshotPolicy::manual()
+        .every_records(1)
+        .min_interval(Duration::ZERO);
+    let (m, faulty, repo) = faulty_manager(&clock, policy).await;
+    let mut model = Kv::new();
+    let mut rng = Rng(5);
+    let mut h = Handle::open(&m, Kind::Memory, dir.path(), "s", None)
+        .await
+        .unwrap();
+    faulty.set_config(FaultConfig {
+        error_probability: 1.0,
+        ..FaultConfig::default()
+    });
+    write_batch(&mut h, &mut model, &mut rng, 10, 20); // attempt 1 fails
+    let st = h.wait().await;
+    assert_eq!((st.snapshots_failed, st.consecutive_failures), (1, 1));
+    assert!(
+        st.last_error.as_deref().unwrap().contains("transient"),
+        "{st:?}"
+    );
+    // Within the 1 s backoff: no attempt.
+    clock.advance_ms(999);
+    write_batch(&mut h, &mut model, &mut rng, 10, 20);
+    assert_eq!(h.wait().await.snapshots_failed, 1);
+    clock.advance_ms(1);
+    write_batch(&mut h, &mut model, &mut rng, 10, 20); // attempt 2 fails
+    assert_eq!(h.wait().await.consecutive_failures, 2);
+    // Now 2 s.
+    clock.advance_ms(1_999);
+    write_batch(&mut h, &mut model, &mut rng, 10, 20);
+    assert_eq!(h.wait().await.snapshots_failed, 2);
+    faulty.set_config(FaultConfig::default());
+    clock.advance_ms(1);
+    write_batch(&mut h, &mut model, &mut rng, 10, 20);
+    let st = h.wait().await;
+    assert_eq!((st.snapshots_taken, st.consecutive_failures), (1, 0));
+    assert_eq!(st.last_error, None);
+    assert_eq!(st.last_snapshot_offset, Some(49));
+    let list = repo.list_snapshots(&sk()).await.unwrap();
+    assert_eq!(list.snapshots.len(), 1, "failed attempts committed nothing");
+    assert!(list.unreadable.is_empty());
+    h.abandon().await;
+    m.shutdown().await;
+}
+
+/// One snapshot in flight per store: a trigger meanwhile is counted and
+/// folded into the next snapshot; shutdown cancels one in flight without
+/// committing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn triggers_coalesce_while_a_snapshot_is_in_flight_and_shutdown_cancels() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let policy = SnapshotPolicy::manual()
+        .every_records(1)
+        .min_interval(Duration::ZERO);
+    let (m, faulty, repo) = faulty_manager(&clock, policy).await;
+    let mut model = Kv::new();
+    let mut rng = Rng(9);
+    let mut h = Handle::open(&m, Kind::Memory, dir.path(), "s", None)
+        .await
+        .unwrap();
+    let mut pause = faulty.pause_before(faulty.ops());
+    write_batch(&mut h, &mut model, &mut rng, 10, 20); // starts snapshot 1
+    assert!(pause.reached().await);
+    write_batch(&mut h, &mut model, &mut rng, 10, 20); // coalesced
+    write_batch(&mut h, &mut model, &mut rng, 10, 20); // coalesced
+    let st = each!(&h, x => x.status());
+    assert!(st.in_flight);
+    assert_eq!(st.coalesced_triggers, 2);
+    pause.resume();
+    let st = h.wait().await;
+    assert_eq!(st.snapshots_taken, 1);
+    assert_eq!(st.last_snapshot_offset, Some(9));
+    assert_eq!(st.records_since_snapshot, 20);
+    // The next commit folds the coalesced records into one snapshot.
+    let mut pause = faulty.pause_before(faulty.ops());
+    write_batch(&mut h, &mut model, &mut rng, 1, 20);
+    assert!(pause.reached().await);
+    m.shutdown().await; // cancels the paused snapshot, waits for its task
+    drop(pause);
+    let st = h.wait().await;
+    assert_eq!(st.snapshots_taken, 1);
+    assert!(
+        st.last_error.as_deref().unwrap().contains("cancelled"),
+        "{st:?}"
+    );
+    let list = repo.list_snapshots(&sk()).await.unwrap();
+    assert_eq!(list.snapshots.len(), 1);
+    // After shutdown the handle still commits, and takes no snapshots.
+    write_batch(&mut h, &mut model, &mut rng, 5, 20);
+    assert!(!h.snapshot_now());
+    assert_eq!(h.wait().await.snapshots_taken, 1);
+    assert_eq!(h.contents(), model);
+}
+
+/// The lifecycle model: random writes, policy-driven and requested
+/// snapshots, close / abandon / drop, reopen in the same or another
+/// directory — every reopen equals the model, and after a close the next
+/// open replays nothing.
+async fn lifecycle(kind: Kind, seed: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let policy = SnapshotPolicy::manual()
+        .every_records(40)
+        .every(Duration::from_secs(30))
+        .min_interval(Duration::from_millis(100));
+    let m = manager(repo(dir.path(), &clock).await, &clock, policy);
+    let mut rng = Rng(seed);
+    let mut model = Kv::new();
+    let dirs = ["x", "y"];
+    let mut h = Handle::open(&m, kind, dir.path(), "x", None).await.unwrap();
+    let mut after_close = false;
+    for step in 0..40 {
+        match rng.below(10) {
+            0..=5 => {
+                let n = 1 + rng.below(15) as usize;
+                write_batch(&mut h, &mut model, &mut rng, n, 40);
+                clock.advance_ms(rng.below(5_000) as i64);
+            }
+            6 => {
+                h.snapshot_now();
+            }
+            7 => {
+                // Uncommitted writes are dropped by close, abandon and crash.
+                h.write(key(250), Some(Bytes::from_static(b"never committed")));
+                let closed = h.close().await;
+                assert_eq!(closed.discarded_pending, 1);
+                after_close = true;
+                h = reopen(&m, kind, &dir, &mut rng, &dirs, &model, after_close).await;
+                after_close = false;
+            }
+            8 => {
+                h.abandon().await;
+                h = reopen(&m, kind, &dir, &mut rng, &dirs, &model, after_close).await;
+            }
+            _ => {
+                // A crash as far as the runtime can tell: dropped mid-flight.
+                drop(h);
+                // The dropped handle's cancelled task may still hold the
+                // changelog for a moment; a reopen waits for its lock.
+                let mut tries = 0;
+                h = loop {
+                    let to = dirs[rng.below(2) as usize];
+                    match Handle::open(&m, kind, dir.path(), to, None).await {
+                        Ok(h) => break h,
+                        Err(e) if tries < 200 && e.to_string().contains("lock") => {
+                            tries += 1;
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(e) => panic!("seed {seed} step {step}: {e}"),
+                    }
+                };
+                assert_eq!(h.contents(), model, "seed {seed} step {step}");
+            }
+        }
+    }
+    assert_eq!(h.contents(), model);
+    h.abandon().await;
+    m.shutdown().await;
+}
+
+async fn reopen(
+    m: &StateManager,
+    kind: Kind,
+    dir: &tempfile::TempDir,
+    rng: &mut Rng,
+    dirs: &[&str],
+    model: &Kv,
+    after_close: bool,
+) -> Handle {
+    let h = Handle::open(m, kind, dir.path(), dirs[rng.below(2) as usize], None)
+        .await
+        .unwrap();
+    assert_eq!(&h.contents(), model, "source {:?}", h.report().source);
+    if after_close {
+        assert_eq!(h.report().replay.records, 0, "{:?}", h.report().source);
+    }
+    h
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_model_memory() {
+    for seed in 1..=12 {
+        lifecycle(Kind::Memory, seed).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_model_rocks() {
+    for seed in 1..=6 {
+        lifecycle(Kind::Rocks, seed).await;
+    }
+}
