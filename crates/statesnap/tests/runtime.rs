@@ -727,3 +727,126 @@ async fn lifecycle_model_rocks() {
         lifecycle(Kind::Rocks, seed).await;
     }
 }
+
+/// A recorder for the `metrics` facade that keeps the last value of each
+/// counter and gauge (by name) and every histogram sample.
+#[derive(Debug, Default)]
+struct Recorded {
+    values: std::sync::Mutex<std::collections::BTreeMap<String, Arc<std::sync::atomic::AtomicU64>>>,
+    samples: std::sync::Mutex<std::collections::BTreeMap<String, Arc<Samples>>>,
+}
+
+#[derive(Debug, Default)]
+struct Samples(std::sync::Mutex<Vec<f64>>);
+
+impl metrics::HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
+
+impl Recorded {
+    fn slot(&self, key: &metrics::Key) -> Arc<std::sync::atomic::AtomicU64> {
+        let mut v = self.values.lock().unwrap();
+        Arc::clone(v.entry(key.name().to_owned()).or_default())
+    }
+    fn counter(&self, name: &str) -> u64 {
+        let v = self.values.lock().unwrap();
+        v.get(name)
+            .map_or(0, |a| a.load(std::sync::atomic::Ordering::SeqCst))
+    }
+    fn gauge(&self, name: &str) -> f64 {
+        f64::from_bits(self.counter(name))
+    }
+    fn samples(&self, name: &str) -> usize {
+        let s = self.samples.lock().unwrap();
+        s.get(name).map_or(0, |h| h.0.lock().unwrap().len())
+    }
+}
+
+impl metrics::Recorder for Recorded {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(self.slot(key))
+    }
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(self.slot(key))
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        let mut s = self.samples.lock().unwrap();
+        metrics::Histogram::from_arc(Arc::clone(s.entry(key.name().to_owned()).or_default()))
+    }
+}
+
+/// The status a handle reports reaches the `metrics` facade too.
+#[test]
+fn snapshots_and_opens_are_reported_through_the_metrics_facade() {
+    let rec = Recorded::default();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Handles are registered on this thread (inside `open`), so they stay
+    // bound to `rec` wherever the background tasks run.
+    metrics::with_local_recorder(&rec, || {
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let clock = ManualClock::new(1_000_000);
+            let policy = SnapshotPolicy::manual()
+                .every_records(10)
+                .min_interval(Duration::ZERO);
+            let m = manager(repo(dir.path(), &clock).await, &clock, policy);
+            let mut h = Handle::open(&m, Kind::Memory, dir.path(), "s", None)
+                .await
+                .unwrap();
+            let (mut model, mut rng) = (Kv::new(), Rng(1));
+            for _ in 0..3 {
+                write_batch(&mut h, &mut model, &mut rng, 10, 40);
+                h.wait().await;
+            }
+            write_batch(&mut h, &mut model, &mut rng, 4, 40);
+            let st = h.wait().await;
+            assert_eq!(st.snapshots_taken, 3);
+            assert_eq!(rec.counter("statesnap_snapshots_total"), 3);
+            assert_eq!(rec.counter("statesnap_snapshot_failures_total"), 0);
+            assert_eq!(
+                rec.counter("statesnap_snapshot_bytes_uploaded_total"),
+                st.bytes_uploaded
+            );
+            assert!(st.bytes_uploaded > 0);
+            assert_eq!(rec.gauge("statesnap_last_snapshot_offset"), 29.0);
+            assert_eq!(rec.gauge("statesnap_records_since_snapshot"), 4.0);
+            assert_eq!(rec.gauge("statesnap_snapshot_in_flight"), 0.0);
+            assert_eq!(rec.samples("statesnap_capture_seconds"), 3);
+            assert_eq!(rec.samples("statesnap_snapshot_seconds"), 3);
+            assert_eq!(rec.samples("statesnap_open_seconds"), 1);
+            h.abandon().await;
+            m.shutdown().await;
+        });
+    });
+}

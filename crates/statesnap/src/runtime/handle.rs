@@ -14,7 +14,7 @@ use crate::changelog::Changelog;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::StoreFormat;
 use crate::repo::{Manifest, Repository, SnapshotId, StoreKey};
-use crate::restore::{Rates, ReplayOptions, ReplayReport, RestoreOptions, RestoreReport};
+use crate::restore::{Rates, ReplayOptions, ReplayReport, RestoreOptions, RestoreReport, Source};
 use crate::snapshot::commit_snapshot;
 use crate::store::logged::{CommitInfo, LoggedStore};
 use crate::store::{KvIter, StateStore};
@@ -30,6 +30,49 @@ pub(crate) struct Shared {
     /// Cancels this store's snapshot in flight (abandon, drop; a child of
     /// the manager's shutdown token).
     cancel: tokio_util::sync::CancellationToken,
+    metrics: StoreMetrics,
+}
+
+/// This store's handles in the `metrics` facade (label `store`); see
+/// `docs/runtime.md` for the names. Registered once per open, so a commit
+/// only stores into them.
+struct StoreMetrics {
+    records_since: metrics::Gauge,
+    estimated_tail_replay: metrics::Gauge,
+    in_flight: metrics::Gauge,
+    last_offset: metrics::Gauge,
+    taken: metrics::Counter,
+    failed: metrics::Counter,
+    coalesced: metrics::Counter,
+    bytes_uploaded: metrics::Counter,
+    bytes_reused: metrics::Counter,
+    capture_seconds: metrics::Histogram,
+    snapshot_seconds: metrics::Histogram,
+}
+
+impl StoreMetrics {
+    fn new(key: &StoreKey) -> StoreMetrics {
+        let store = key.to_string();
+        StoreMetrics {
+            records_since: metrics::gauge!("statesnap_records_since_snapshot", "store" => store.clone()),
+            estimated_tail_replay: metrics::gauge!("statesnap_estimated_tail_replay_seconds", "store" => store.clone()),
+            in_flight: metrics::gauge!("statesnap_snapshot_in_flight", "store" => store.clone()),
+            last_offset: metrics::gauge!("statesnap_last_snapshot_offset", "store" => store.clone()),
+            taken: metrics::counter!("statesnap_snapshots_total", "store" => store.clone()),
+            failed: metrics::counter!("statesnap_snapshot_failures_total", "store" => store.clone()),
+            coalesced: metrics::counter!("statesnap_snapshot_triggers_coalesced_total", "store" => store.clone()),
+            bytes_uploaded: metrics::counter!("statesnap_snapshot_bytes_uploaded_total", "store" => store.clone()),
+            bytes_reused: metrics::counter!("statesnap_snapshot_bytes_reused_total", "store" => store.clone()),
+            capture_seconds: metrics::histogram!("statesnap_capture_seconds", "store" => store.clone()),
+            snapshot_seconds: metrics::histogram!("statesnap_snapshot_seconds", "store" => store),
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreMetrics").finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -54,6 +97,7 @@ struct SnapState {
 impl Shared {
     fn new(key: StoreKey, now_ms: i64, cancel: tokio_util::sync::CancellationToken) -> Shared {
         Shared {
+            metrics: StoreMetrics::new(&key),
             key,
             cancel,
             state: Mutex::new(SnapState {
@@ -111,8 +155,16 @@ impl Shared {
     ) {
         let mut st = lock(&self.state);
         st.last_duration = Some(started.elapsed());
+        self.metrics
+            .snapshot_seconds
+            .record(started.elapsed().as_secs_f64());
         match result {
             Ok(m) => {
+                self.metrics.taken.increment(1);
+                self.metrics
+                    .bytes_uploaded
+                    .increment(m.stats.bytes_uploaded);
+                self.metrics.bytes_reused.increment(m.stats.bytes_reused);
                 st.taken += 1;
                 st.bytes_uploaded += m.stats.bytes_uploaded;
                 st.bytes_reused += m.stats.bytes_reused;
@@ -127,9 +179,11 @@ impl Shared {
                     .is_none_or(|p| p.changelog.offset <= m.changelog.offset)
                 {
                     st.parent = Some(m.clone());
+                    self.metrics.last_offset.set(m.changelog.offset as f64);
                 }
             }
             Err(e) => {
+                self.metrics.failed.increment(1);
                 st.failed += 1;
                 st.consecutive_failures = st.consecutive_failures.saturating_add(1);
                 let wait = policy.backoff(st.consecutive_failures);
@@ -147,7 +201,14 @@ impl Shared {
             }
         }
         drop(st);
+        self.metrics.in_flight.set(0.0);
         self.in_flight.send_replace(false);
+    }
+
+    /// Marks a snapshot in flight.
+    fn start(&self) {
+        self.metrics.in_flight.set(1.0);
+        self.in_flight.send_replace(true);
     }
 }
 
@@ -340,6 +401,16 @@ where
         st.applied_offset = applied;
         st.parent = parent;
     }
+    let source = match report.source {
+        Source::Local { .. } => "local",
+        Source::Snapshot { .. } => "snapshot",
+        Source::FullReplay => "full-replay",
+    };
+    metrics::histogram!("statesnap_open_seconds", "source" => source)
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!("statesnap_open_replayed_records_total").increment(report.replay.records);
+    metrics::counter!("statesnap_open_downloaded_bytes_total")
+        .increment(report.transfer.bytes_downloaded);
     tracing::info!(
         store_key = %shared.key,
         source = %report.source,
@@ -542,7 +613,7 @@ impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
         let cut = self.format.capture(self.logged.store())?;
         let snap_started = Instant::now();
         lock(&self.shared.state).last_trigger = Some(Trigger::Handoff);
-        self.shared.in_flight.send_replace(true);
+        self.shared.start();
         let inner = &self.manager.inner;
         let span = tracing::info_span!("snapshot", store_key = %key, trigger = %Trigger::Handoff);
         let write = write_snapshot(
@@ -615,6 +686,12 @@ impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
                 return false;
             }
             let records_since = Shared::records_since(&st);
+            let rate = self.manager.rates().replay_records_per_sec;
+            self.shared.metrics.records_since.set(records_since as f64);
+            self.shared
+                .metrics
+                .estimated_tail_replay
+                .set(policy::replay_time(records_since, rate).as_secs_f64());
             match forced {
                 Some(t) if records_since > 0 && !in_flight => t,
                 Some(_) => return false,
@@ -629,12 +706,13 @@ impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
                         last_attempt_ms: st.last_attempt_ms,
                         retry_at_ms: st.retry_at_ms,
                         in_flight,
-                        replay_records_per_sec: self.manager.rates().replay_records_per_sec,
+                        replay_records_per_sec: rate,
                     };
                     match policy::due(&self.policy, &input) {
                         Ok(Some(t)) => t,
                         Ok(None) => return false,
                         Err(()) => {
+                            self.shared.metrics.coalesced.increment(1);
                             st.coalesced += 1;
                             return false;
                         }
@@ -661,7 +739,11 @@ impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
                 return false;
             }
         };
-        self.shared.in_flight.send_replace(true);
+        self.shared
+            .metrics
+            .capture_seconds
+            .record(started.elapsed().as_secs_f64());
+        self.shared.start();
         let parent = lock(&self.shared.state).parent.clone();
         let inner = &self.manager.inner;
         let span = tracing::info_span!("snapshot", store_key = %key, trigger = %trigger);
