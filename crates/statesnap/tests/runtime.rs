@@ -60,6 +60,7 @@ enum Kind {
 
 /// Opens `kind`'s store in `dir` through `m`, returning a type-erased
 /// handle wrapper.
+#[derive(Debug)]
 enum Handle {
     Memory(StateHandle<statesnap::PortableFormat<statesnap::MemoryStore>, Log>),
     Rocks(StateHandle<statesnap::RocksFormat, Log>),
@@ -849,4 +850,103 @@ fn snapshots_and_opens_are_reported_through_the_metrics_facade() {
             m.shutdown().await;
         });
     });
+}
+
+/// Retention keeps what the policy says among each open store's usable
+/// snapshots; gc frees the dropped snapshots' blobs only after the grace
+/// period; what is kept still restores exactly. The scheduled loop runs the
+/// same pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
+    use statesnap::repo::retention::RetentionPolicy;
+    use statesnap::runtime::Maintenance;
+    let dir = tempfile::tempdir().unwrap();
+    // gc compares blob ages (the object store's real mtimes) with the
+    // clock: start it at the real time.
+    let clock = ManualClock::new(statesnap::clock::Clock::now_ms(
+        &statesnap::clock::SystemClock,
+    ));
+    let repo = repo(dir.path(), &clock)
+        .await
+        .with_max_commit_duration(Duration::from_secs(1));
+    let maintenance = Maintenance {
+        retention: RetentionPolicy {
+            keep_last: Some(2),
+            keep_newer_than: None,
+        },
+        grace: Duration::from_secs(2),
+        every: Duration::from_millis(20),
+    };
+    let m = manager(repo.clone(), &clock, SnapshotPolicy::manual());
+    let (mut model, mut rng) = (Kv::new(), Rng(21));
+    let mut h = Handle::open(&m, Kind::Rocks, dir.path(), "s", None)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        write_batch(&mut h, &mut model, &mut rng, 10, 40);
+        assert!(h.snapshot_now());
+        assert!(h.wait().await.last_error.is_none());
+        clock.advance_ms(1_000);
+    }
+    let before = repo.list_snapshots(&sk()).await.unwrap().snapshots;
+    assert_eq!(before.len(), 5);
+    let first = m.maintain_now(&maintenance).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let dropped: Vec<_> = first[0].dropped.iter().map(|(id, _)| *id).collect();
+    let expected: Vec<_> = before[..3].iter().rev().map(|s| s.id()).collect();
+    assert_eq!(dropped, expected, "the three oldest, newest first");
+    assert!(
+        first[0].gc.blobs_deleted.is_empty(),
+        "nothing swept inside the grace period"
+    );
+    let kept = repo.list_snapshots(&sk()).await.unwrap().snapshots;
+    assert_eq!(kept.len(), 2);
+    // Past the grace period a pass sweeps what only the dropped ones used.
+    let mut swept = 0;
+    for _ in 0..3 {
+        clock.advance_ms(3_000);
+        let r = m.maintain_now(&maintenance).await.unwrap();
+        assert!(r[0].dropped.is_empty());
+        swept += r[0].gc.bytes_deleted;
+    }
+    assert!(swept > 0);
+    // The kept snapshots are whole: a fresh directory restores the newest.
+    h.abandon().await;
+    let fresh = Handle::open(&m, Kind::Rocks, dir.path(), "fresh", None)
+        .await
+        .unwrap();
+    assert_eq!(fresh.report().source.start_offset(), Some(49));
+    assert_eq!(fresh.contents(), model);
+
+    // Scheduled: another manager with passes every 20 ms drops down to one.
+    let one = Maintenance {
+        retention: RetentionPolicy {
+            keep_last: Some(1),
+            keep_newer_than: None,
+        },
+        ..maintenance
+    };
+    let clock_arc: SharedClock = Arc::new(clock.clone());
+    fresh.abandon().await;
+    let scheduled = StateManager::builder(repo.clone())
+        .clock(clock_arc)
+        .policy(SnapshotPolicy::manual())
+        .maintenance(one)
+        .build()
+        .unwrap();
+    let h = Handle::open(&scheduled, Kind::Rocks, dir.path(), "fresh", None)
+        .await
+        .unwrap();
+    let mut left = usize::MAX;
+    for _ in 0..1500 {
+        left = repo.list_snapshots(&sk()).await.unwrap().snapshots.len();
+        if left == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(left, 1, "a scheduled pass ran");
+    h.abandon().await;
+    scheduled.shutdown().await;
+    m.shutdown().await;
 }

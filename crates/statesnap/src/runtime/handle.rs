@@ -23,7 +23,10 @@ use crate::store::{KvIter, StateStore};
 /// task and the manager's status listing.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    key: StoreKey,
+    pub(super) key: StoreKey,
+    /// The store's changelog, for maintenance (weak: the handle and its
+    /// snapshot task hold it; a closed store's log is released at once).
+    pub(super) changelog: std::sync::Weak<dyn Changelog>,
     state: Mutex<SnapState>,
     /// Whether a snapshot is in flight (watchable: `close` waits on it).
     in_flight: tokio::sync::watch::Sender<bool>,
@@ -95,8 +98,14 @@ struct SnapState {
 }
 
 impl Shared {
-    fn new(key: StoreKey, now_ms: i64, cancel: tokio_util::sync::CancellationToken) -> Shared {
+    fn new(
+        key: StoreKey,
+        changelog: std::sync::Weak<dyn Changelog>,
+        now_ms: i64,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Shared {
         Shared {
+            changelog,
             metrics: StoreMetrics::new(&key),
             key,
             cancel,
@@ -331,8 +340,11 @@ where
         return Err(cancelled("open", &store_key));
     }
     let inner = &manager.inner;
+    let changelog = Arc::new(changelog);
+    let weak: std::sync::Weak<dyn Changelog> = Arc::downgrade(&changelog) as _;
     let shared = Arc::new(Shared::new(
         store_key.clone(),
+        weak,
         inner.clock.now_ms(),
         inner.cancel.child_token(),
     ));
@@ -346,7 +358,6 @@ where
         registered.key = Some(store_key.clone());
     }
     let format = Arc::new(format);
-    let changelog = Arc::new(changelog);
     let span = tracing::info_span!("open", store_key = %store_key, until = ?at_offset);
     let permit = inner
         .transfers

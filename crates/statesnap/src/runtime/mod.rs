@@ -55,6 +55,7 @@
 //! ```
 
 mod handle;
+mod maintain;
 mod policy;
 
 use std::collections::BTreeMap;
@@ -74,6 +75,7 @@ use crate::restore::{PlanOptions, Rates, RestorePlan, plan_restore};
 use crate::store::memory::MemoryStore;
 
 pub use handle::{CloseReport, StateHandle, StoreStatus};
+pub use maintain::{Maintenance, MaintenanceReport};
 pub use policy::{SnapshotPolicy, Trigger};
 
 /// One store partition to open: its key in the repository, its changelog,
@@ -172,9 +174,17 @@ pub struct StateManagerBuilder {
     clock: Option<SharedClock>,
     max_transfers: usize,
     rates: Rates,
+    maintenance: Option<Maintenance>,
 }
 
 impl StateManagerBuilder {
+    /// Runs retention and gc over the open stores every `m.every` (see
+    /// [`StateManager::maintain_now`]). Off by default.
+    pub fn maintenance(mut self, m: Maintenance) -> Self {
+        self.maintenance = Some(m);
+        self
+    }
+
     /// The default snapshot policy of every store.
     pub fn policy(mut self, policy: SnapshotPolicy) -> Self {
         self.policy = policy;
@@ -210,7 +220,7 @@ impl StateManagerBuilder {
             ))
         })?;
         let clock = self.clock.unwrap_or_else(|| self.repo.clock().clone());
-        Ok(StateManager {
+        let manager = StateManager {
             inner: Arc::new(Inner {
                 repo: self.repo,
                 policy: self.policy,
@@ -222,7 +232,14 @@ impl StateManagerBuilder {
                 open: Mutex::new(BTreeMap::new()),
                 rates: Mutex::new(self.rates),
             }),
-        })
+        };
+        if let Some(m) = self.maintenance {
+            let inner = &manager.inner;
+            inner
+                .tasks
+                .spawn_on(maintain::run(Arc::downgrade(inner), m), &inner.rt);
+        }
+        Ok(manager)
     }
 }
 
@@ -259,6 +276,7 @@ impl StateManager {
             clock: None,
             max_transfers: 4,
             rates: Rates::default(),
+            maintenance: None,
         }
     }
 
