@@ -140,3 +140,241 @@ fn sigkill_mid_commit_recovers_committed_prefix() {
         );
     }
 }
+
+// --- the runtime under SIGKILL --------------------------------------------
+
+const RUNTIME_CHILD_ENV: &str = "STATESNAP_RUNTIME_KILL_CHILD_DIR";
+
+fn runtime_repo_url(dir: &Path) -> String {
+    format!("file://{}", dir.join("repo").display())
+}
+
+/// Small multipart threshold: killed uploads also leave staging objects.
+fn runtime_repo_options(clock: statesnap::clock::SharedClock) -> statesnap::RepositoryOptions {
+    statesnap::RepositoryOptions {
+        clock,
+        transfer: statesnap::repo::TransferOptions {
+            parallelism: 4,
+            multipart_threshold: 32 << 10,
+            part_size: 32 << 10,
+        },
+        ..Default::default()
+    }
+}
+
+fn runtime_spec(
+    dir: &Path,
+    store_dir: &str,
+) -> statesnap::StoreSpec<statesnap::RocksFormat, FileChangelog> {
+    let log = FileChangelog::open(dir.join("log"), id(), log_options()).unwrap();
+    statesnap::StoreSpec::rocksdb("crash", "store", 0, log, dir.join(store_dir)).unwrap()
+}
+
+/// The child: a stream processor on the runtime, snapshotting every 150
+/// records in the background, committing forever; prints each
+/// acknowledged last offset and whether a snapshot was in flight.
+#[test]
+#[ignore = "spawned as a child process by sigkill_during_background_snapshots_reopens_exact"]
+fn runtime_kill_child() {
+    let Ok(dir) = std::env::var(RUNTIME_CHILD_ENV) else {
+        panic!("run only as a child of sigkill_during_background_snapshots_reopens_exact");
+    };
+    let dir = Path::new(&dir);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = statesnap::clock::system_clock();
+        let repo = statesnap::Repository::open(&runtime_repo_url(dir), runtime_repo_options(clock))
+            .await
+            .unwrap();
+        let policy = statesnap::SnapshotPolicy::manual()
+            .every_records(150)
+            .min_interval(std::time::Duration::ZERO);
+        let m = statesnap::StateManager::builder(repo)
+            .policy(policy)
+            .build()
+            .unwrap();
+        let mut h = m.open(runtime_spec(dir, "db")).await.unwrap();
+        let mut n: u64 = h.changelog().end_offset().unwrap();
+        loop {
+            let size = 1 + (n % 41) as usize;
+            for j in 0..size {
+                let k = (n.wrapping_mul(31) + j as u64 * 7) % 400;
+                if (n + j as u64).is_multiple_of(6) {
+                    h.delete(format!("k{k:04}"));
+                } else {
+                    h.put(format!("k{k:04}"), vec![(n % 251) as u8; 100 + (j % 200)]);
+                }
+            }
+            let info = h.commit().unwrap().unwrap();
+            let in_flight = h.status().in_flight;
+            println!("committed {} {}", info.last_offset, u8::from(in_flight));
+            n += 1;
+            // Let the background task run between commits now and then.
+            if n.is_multiple_of(8) {
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+}
+
+/// ≥ 20 rounds: the child is SIGKILLed at random moments, half of them
+/// right after it reported a background snapshot in flight. Each reopen
+/// (local store) and each restore into a fresh directory (snapshot + tail)
+/// equals the changelog; every snapshot in the repository stays usable (no
+/// partial snapshot, nothing skipped); orphans of killed uploads (blobs,
+/// multipart staging) are collected by gc after the grace period and what
+/// is kept verifies.
+#[test]
+fn sigkill_during_background_snapshots_reopens_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sk = statesnap::StoreKey::new("crash", "store", 0).unwrap();
+    let mut acknowledged: Option<u64> = None;
+    let mut killed_in_flight = 0;
+    std::fs::create_dir_all(dir.path().join("repo")).unwrap();
+    rt.block_on(statesnap::Repository::init(
+        &runtime_repo_url(dir.path()),
+        Default::default(),
+    ))
+    .unwrap();
+    for round in 0..20u64 {
+        let mut child = Command::new(&exe)
+            .args([
+                "--exact",
+                "runtime_kill_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(RUNTIME_CHILD_ENV, dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let want = 20 + round * 53 % 300;
+        let wait_for_flight = round % 2 == 0;
+        let mut seen = 0;
+        let mut stopped_in_flight = false;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if let Some(rest) = line.strip_prefix("committed ") {
+                let (o, f) = rest.trim().split_once(' ').unwrap();
+                acknowledged = Some(o.parse().unwrap());
+                seen += 1;
+                if seen >= want && (!wait_for_flight || f == "1" || seen >= want + 2000) {
+                    stopped_in_flight = f == "1";
+                    break;
+                }
+            }
+        }
+        assert!(
+            seen >= want,
+            "child stopped early in round {round} after {seen} commits"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        killed_in_flight += usize::from(stopped_in_flight);
+
+        rt.block_on(async {
+            let repo = statesnap::Repository::open(
+                &runtime_repo_url(dir.path()),
+                runtime_repo_options(statesnap::clock::system_clock()),
+            )
+            .await
+            .unwrap();
+            let m = statesnap::StateManager::builder(repo.clone())
+                .policy(statesnap::SnapshotPolicy::manual())
+                .build()
+                .unwrap();
+            // The local store, caught up.
+            let h = m.open(runtime_spec(dir.path(), "db")).await.unwrap();
+            let want = changelog_contents(h.changelog());
+            let end = h.changelog().end_offset().unwrap();
+            let acked = acknowledged.unwrap();
+            assert!(
+                end > acked,
+                "acknowledged commit lost: end={end} acked={acked}"
+            );
+            let got: BTreeMap<Bytes, Bytes> =
+                h.store().iter().unwrap().map(|kv| kv.unwrap()).collect();
+            assert!(
+                got == want,
+                "round {round}: local reopen differs from the changelog"
+            );
+            h.abandon().await;
+            // Another machine: the newest snapshot + the tail.
+            let fresh = format!("fresh-{round}");
+            let h = m.open(runtime_spec(dir.path(), &fresh)).await.unwrap();
+            let r = h.report();
+            assert!(r.skipped.is_empty(), "round {round}: {:?}", r.skipped);
+            assert!(r.unreadable.is_empty(), "round {round}: {:?}", r.unreadable);
+            let got: BTreeMap<Bytes, Bytes> =
+                h.store().iter().unwrap().map(|kv| kv.unwrap()).collect();
+            assert!(
+                got == want,
+                "round {round}: snapshot + tail differs ({})",
+                r.source
+            );
+            let listing = repo.list_snapshots(&sk).await.unwrap();
+            if let Some(newest) = listing.latest() {
+                assert_eq!(r.snapshot, Some(newest.id()), "round {round}");
+            }
+            h.abandon().await;
+            m.shutdown().await;
+            std::fs::remove_dir_all(dir.path().join(&fresh)).unwrap();
+        });
+    }
+    eprintln!("kills with a background snapshot in flight: {killed_in_flight} of 20");
+    assert!(
+        killed_in_flight >= 5,
+        "only {killed_in_flight} kills landed during a snapshot"
+    );
+
+    // Orphans: collected once past the grace period; what is kept verifies.
+    rt.block_on(async {
+        use futures::TryStreamExt;
+        let real_now = statesnap::clock::Clock::now_ms(&statesnap::clock::SystemClock);
+        let clock = statesnap::clock::ManualClock::new(real_now + 3_600_000 * 3);
+        let repo = statesnap::Repository::open(
+            &runtime_repo_url(dir.path()),
+            runtime_repo_options(std::sync::Arc::new(clock.clone())),
+        )
+        .await
+        .unwrap();
+        let gc = statesnap::repo::gc::GcOptions::default();
+        repo.gc_store(&sk, &gc).await.unwrap();
+        clock.advance_ms(3_600_000 * 2);
+        repo.gc_store(&sk, &gc).await.unwrap();
+        let listing = repo.list_snapshots(&sk).await.unwrap();
+        assert!(!listing.snapshots.is_empty());
+        let referenced: std::collections::BTreeSet<String> = listing
+            .snapshots
+            .iter()
+            .flat_map(|s| s.manifest.files.iter().map(|f| f.blake3.to_string()))
+            .collect();
+        let objects: Vec<_> = repo.object_store().list(None).try_collect().await.unwrap();
+        for o in &objects {
+            let p = o.location.as_ref();
+            assert!(!p.contains("/tmp/"), "staging object left: {p}");
+            if p.contains("/blobs/") {
+                let hash = p.rsplit('/').next().unwrap();
+                assert!(referenced.contains(hash), "orphan blob left: {p}");
+            }
+        }
+        let report = repo
+            .verify_store(&sk, &Default::default(), &|_| {})
+            .await
+            .unwrap();
+        assert!(report.is_ok(), "{report:?}");
+    });
+}
