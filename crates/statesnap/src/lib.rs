@@ -124,6 +124,7 @@ pub mod changelog;
 pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod digest;
 pub mod error;
 pub mod format;
 pub mod repo;
@@ -133,6 +134,7 @@ pub mod snapshot;
 pub mod store;
 mod util;
 
+pub use digest::LogicalDigest;
 pub use error::{Error, ErrorKind, Result};
 
 // What a user touches, reachable from the crate root. The modules stay
@@ -148,7 +150,7 @@ pub use format::rocks::RocksFormat;
 pub use repo::{Manifest, Repository, RepositoryOptions, SnapshotId, StoreKey};
 pub use restore::{ReplayOptions, RestoreOptions, RestoreReport, replay, restore_store};
 pub use runtime::{SnapshotPolicy, StateHandle, StateManager, StoreSpec};
-pub use snapshot::commit_snapshot;
+pub use snapshot::{SnapshotOptions, commit_snapshot, commit_snapshot_with};
 pub use store::logged::LoggedStore;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "rocksdb")]

@@ -950,3 +950,210 @@ async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
     scheduled.shutdown().await;
     m.shutdown().await;
 }
+
+/// Logical digests: recorded by the portable format by default and by
+/// RocksDB when the policy asks; equal across formats for the same state;
+/// `verify_deep` restores and compares; a manifest whose digest disagrees
+/// with its contents fails `verify_deep` and is skipped by a
+/// digest-checking open (and only by it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_digests_are_recorded_compared_and_enforced() {
+    use statesnap::restore::verify_deep;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let repo = repo(dir.path(), &clock).await;
+    let m = manager(repo.clone(), &clock, SnapshotPolicy::manual());
+    let (mut model, mut rng) = (Kv::new(), Rng(31));
+    let mut h = Handle::open(&m, Kind::Memory, dir.path(), "mem", None)
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        write_batch(&mut h, &mut model, &mut rng, 20, 60);
+    }
+    let portable = h.close().await;
+    let portable = repo
+        .get_snapshot(&sk(), portable.snapshot.unwrap())
+        .await
+        .unwrap()
+        .manifest;
+    let d_portable = portable
+        .logical_digest
+        .expect("the portable format records one");
+    assert_eq!(d_portable.keys(), model.len() as u64);
+
+    // RocksDB: none by default...
+    let mut r = Handle::open(&m, Kind::Rocks, dir.path(), "r", None)
+        .await
+        .unwrap();
+    assert!(r.snapshot_now());
+    let plain = r.wait().await.last_snapshot.unwrap();
+    r.abandon().await;
+    let plain = repo.get_snapshot(&sk(), plain).await.unwrap().manifest;
+    assert_eq!(plain.logical_digest, None);
+    // ...one when the policy asks, equal to the portable one: same state.
+    let md = manager(
+        repo.clone(),
+        &clock,
+        SnapshotPolicy::manual().logical_digest(true),
+    );
+    let mut r = Handle::open(&md, Kind::Rocks, dir.path(), "r", None)
+        .await
+        .unwrap();
+    write_batch(&mut r, &mut model, &mut rng, 5, 60);
+    assert!(r.snapshot_now());
+    let id = r.wait().await.last_snapshot.unwrap();
+    r.abandon().await;
+    let rocks = repo.get_snapshot(&sk(), id).await.unwrap().manifest;
+    let d_rocks = rocks.logical_digest.expect("asked for");
+    let expected = statesnap::LogicalDigest::of_pairs(model.iter().map(|(k, v)| (&k[..], &v[..])));
+    assert_eq!(d_rocks, expected);
+    assert_ne!(d_rocks, d_portable, "five more records");
+
+    // verify_deep: restore into scratch, compare.
+    let scratch = dir.path().join("scratch");
+    let rf = statesnap::RocksFormat::new(Default::default());
+    let deep = verify_deep(&rf, &repo, &rocks, &scratch).await.unwrap();
+    assert!(deep.is_ok());
+    assert_eq!(deep.actual, d_rocks);
+    assert!(!scratch.exists(), "scratch removed");
+    let pf = statesnap::PortableFormat::memory();
+    assert!(
+        verify_deep(&pf, &repo, &portable, &scratch)
+            .await
+            .unwrap()
+            .is_ok()
+    );
+
+    // A manifest whose recorded digest disagrees with its (intact) blobs.
+    let mut lying = rocks.clone();
+    lying.logical_digest = Some(d_portable);
+    lying.seal().unwrap();
+    repo.delete_snapshot(&sk(), rocks.snapshot_id)
+        .await
+        .unwrap();
+    repo.commit_manifest(&lying).await.unwrap();
+    let deep = verify_deep(&rf, &repo, &lying, &scratch).await.unwrap();
+    assert!(!deep.is_ok());
+    assert_eq!((deep.expected, deep.actual), (Some(d_portable), d_rocks));
+    let spec = StoreSpec::rocksdb(
+        "app",
+        "rt",
+        0,
+        log(dir.path()).unwrap(),
+        dir.path().join("v"),
+    )
+    .unwrap()
+    .verify_digest();
+    let checked = md.open(spec).await.unwrap();
+    let report = checked.report();
+    assert_eq!(report.skipped[0].id, lying.snapshot_id);
+    assert_eq!(report.skipped[0].kind, ErrorKind::Corrupt);
+    assert_ne!(report.source.start_offset(), Some(lying.changelog.offset));
+    assert_eq!(contents(checked.store()), model);
+    checked.abandon().await;
+    let unchecked = Handle::open(&md, Kind::Rocks, dir.path(), "w", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        unchecked.report().source,
+        Source::Snapshot {
+            id: lying.snapshot_id,
+            offset: lying.changelog.offset
+        }
+    );
+    assert_eq!(unchecked.contents(), model);
+    unchecked.abandon().await;
+    m.shutdown().await;
+    md.shutdown().await;
+}
+
+/// Rates: a replay this process measured is recorded in the next
+/// snapshot's manifest; a manager that measured nothing estimates with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn measured_replay_rates_travel_in_manifests() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let repo = repo(dir.path(), &clock).await;
+    let (mut model, mut rng) = (Kv::new(), Rng(41));
+    let a = manager(repo.clone(), &clock, SnapshotPolicy::manual());
+    let mut h = Handle::open(&a, Kind::Memory, dir.path(), "s", None)
+        .await
+        .unwrap();
+    for _ in 0..60 {
+        write_batch(&mut h, &mut model, &mut rng, 200, 200);
+    }
+    h.abandon().await; // 12 000 records, no snapshot
+    let b = manager(repo.clone(), &clock, SnapshotPolicy::manual());
+    let mut h = Handle::open(&b, Kind::Memory, dir.path(), "s", None)
+        .await
+        .unwrap();
+    assert_eq!(h.report().replay.records, 12_000);
+    let measured = b.rates().replay_records_per_sec;
+    assert_ne!(
+        measured,
+        statesnap::restore::Rates::default().replay_records_per_sec
+    );
+    assert!(h.snapshot_now());
+    let id = h.wait().await.last_snapshot.unwrap();
+    h.abandon().await;
+    let manifest = repo.get_snapshot(&sk(), id).await.unwrap().manifest;
+    let recorded = manifest.measured.unwrap().replay_records_per_sec.unwrap();
+    assert_eq!(recorded, measured as u64);
+    let c = manager(repo.clone(), &clock, SnapshotPolicy::manual());
+    let spec = StoreSpec::memory(
+        "app",
+        "rt",
+        0,
+        log(dir.path()).unwrap(),
+        dir.path().join("s"),
+    )
+    .unwrap();
+    let plan = c.plan(&spec).await.unwrap();
+    let _ = c.estimate(&plan);
+    assert_eq!(c.rates().replay_records_per_sec, recorded as f64);
+    for m in [a, b, c] {
+        m.shutdown().await;
+    }
+}
+
+/// A bandwidth limit shared by the manager's transfers: every byte a
+/// snapshot uploads and a restore downloads is drawn from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_transferred_byte_goes_through_the_bandwidth_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let repo = repo(dir.path(), &clock).await;
+    let limit = Arc::new(statesnap::repo::BandwidthLimit::new(512 << 20));
+    let m = StateManager::builder(repo.clone())
+        .clock(Arc::new(clock.clone()))
+        .policy(SnapshotPolicy::manual())
+        .shared_bandwidth_limit(Arc::clone(&limit))
+        .build()
+        .unwrap();
+    let (mut model, mut rng) = (Kv::new(), Rng(51));
+    let mut h = Handle::open(&m, Kind::Rocks, dir.path(), "a", None)
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        write_batch(&mut h, &mut model, &mut rng, 50, 200);
+    }
+    let closed = h.close().await;
+    let uploaded = repo
+        .get_snapshot(&sk(), closed.snapshot.unwrap())
+        .await
+        .unwrap()
+        .manifest
+        .stats
+        .bytes_uploaded;
+    assert!(uploaded > 0);
+    assert_eq!(limit.bytes_taken(), uploaded);
+    let h = Handle::open(&m, Kind::Rocks, dir.path(), "b", None)
+        .await
+        .unwrap();
+    let downloaded = h.report().transfer.bytes_downloaded;
+    assert!(downloaded > 0);
+    assert_eq!(limit.bytes_taken(), uploaded + downloaded);
+    assert_eq!(h.contents(), model);
+    h.abandon().await;
+    m.shutdown().await;
+}

@@ -152,6 +152,21 @@ pub trait StoreFormat: Send + Sync {
         Ok(None)
     }
 
+    /// The logical digest of the cut's contents
+    /// ([`crate::digest::LogicalDigest`]), for the manifest. `Ok(None)`:
+    /// this format cannot compute one. Runs in the background writer,
+    /// before `write`; costs a scan of the cut.
+    fn cut_digest(&self, cut: &Self::Cut) -> Result<Option<crate::digest::LogicalDigest>> {
+        let _ = cut;
+        Ok(None)
+    }
+
+    /// Whether snapshots record a logical digest unless told otherwise
+    /// (the portable format: yes, it reads every pair anyway).
+    fn digest_by_default(&self) -> bool {
+        false
+    }
+
     /// Whether a restore reuses a local file at the snapshot file's `path`
     /// (same size, hash checked) instead of downloading it. Plans count
     /// such files as local bytes. Default: never.

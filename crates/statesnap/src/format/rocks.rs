@@ -493,6 +493,27 @@ impl StoreFormat for RocksFormat {
         cut.binding.clone()
     }
 
+    fn cut_digest(&self, cut: &RocksCut) -> Result<Option<crate::digest::LogicalDigest>> {
+        // The checkpoint, opened read-only: the cut's own contents.
+        let (opts, cfs) = self.cf_descriptors();
+        let db = DB::open_cf_descriptors_read_only(&opts, &cut.dir, cfs, false)
+            .map_err(|e| rocks_error("open checkpoint read-only", &cut.dir, e))?;
+        let cf = db
+            .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
+            .ok_or_else(|| {
+                Error::corrupt(format!(
+                    "checkpoint has no default column family path=`{}`",
+                    cut.dir.display()
+                ))
+            })?;
+        let mut d = crate::digest::LogicalDigest::new();
+        for kv in db.iterator_cf(cf, rocksdb::IteratorMode::Start) {
+            let (k, v) = kv.map_err(|e| rocks_error("read checkpoint", &cut.dir, e))?;
+            d.add(&k, &v);
+        }
+        Ok(Some(d))
+    }
+
     async fn write(&self, cut: RocksCut, ctx: WriteContext<'_>) -> Result<FormatOutput> {
         let repo = ctx.repo;
         let sk = ctx.store_key;

@@ -173,6 +173,7 @@ impl Repository {
             }
             tracing::warn!(key = %key, stored = info.size, expected = size, "replacing blob of wrong size");
         }
+        self.throttle(size).await;
         // Durable once put returns (LocalFileSystem fsyncs; object stores ack
         // after persisting). Overwrite is safe: same key, same bytes.
         self.store
@@ -207,6 +208,7 @@ impl Repository {
                 if !chunk.is_empty() {
                     hasher.update(&chunk);
                     size += chunk.len() as u64;
+                    self.throttle(chunk.len() as u64).await;
                     writer
                         .wait_for_capacity(self.transfer.parallelism.max(1))
                         .await
@@ -344,6 +346,7 @@ impl Repository {
             )));
         }
         Ok(BlobReader {
+            limit: self.limit.clone(),
             key,
             expected: *blob,
             stream: payload_stream(res),
@@ -443,6 +446,7 @@ impl Repository {
 /// instead of `None` if the size or hash does not match, so a consumer that
 /// reads to the end never accepts bad bytes.
 pub struct BlobReader {
+    limit: Option<std::sync::Arc<super::BandwidthLimit>>,
     key: Path,
     expected: BlobRef,
     stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
@@ -472,6 +476,9 @@ impl BlobReader {
                 let chunk = chunk
                     .map_err(|e| map_store_error(e, &format!("cannot read blob key=`{key}`")))?;
                 self.seen += chunk.len() as u64;
+                if let Some(l) = &self.limit {
+                    l.take(chunk.len() as u64).await;
+                }
                 if self.seen > self.expected.size {
                     return Err(Error::corrupt(format!(
                         "blob is longer than expected key=`{key}` expected_size={}",

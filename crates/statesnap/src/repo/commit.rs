@@ -8,7 +8,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::{PutMode, PutOptions, PutPayload};
 use std::collections::BTreeMap;
 
-use super::manifest::{FileEntry, Manifest, ManifestDraft, validate_file_path};
+use super::manifest::{FileEntry, Manifest, ManifestDraft, ManifestExtras, validate_file_path};
 use super::paths::{BlobHash, SnapshotId, StoreKey};
 use super::{Repository, gc, map_store_error};
 use crate::error::{Error, ErrorKind, Result};
@@ -21,9 +21,17 @@ impl Repository {
     /// Commits a snapshot: assigns an id and `created_at` from the clock,
     /// re-checks every blob, and writes the manifest with `PutMode::Create`.
     pub async fn commit(&self, draft: ManifestDraft) -> Result<Manifest> {
+        self.commit_with(draft, ManifestExtras::default()).await
+    }
+
+    pub(crate) async fn commit_with(
+        &self,
+        draft: ManifestDraft,
+        extras: ManifestExtras,
+    ) -> Result<Manifest> {
         let now = self.clock.now_ms();
         let id = SnapshotId(self.new_ulid());
-        let manifest = Manifest::from_draft(draft, id, now)?;
+        let manifest = Manifest::from_draft_with(draft, extras, id, now)?;
         self.commit_manifest(&manifest).await?;
         Ok(manifest)
     }
@@ -203,6 +211,11 @@ impl SnapshotWriter {
         Ok(())
     }
 
+    /// Bytes uploaded so far (not counting reused blobs).
+    pub fn bytes_uploaded(&self) -> u64 {
+        self.bytes_uploaded
+    }
+
     /// Files so far.
     pub fn files(&self) -> &[FileEntry] {
         &self.files
@@ -210,7 +223,15 @@ impl SnapshotWriter {
 
     /// Commits: the draft's files are replaced by the writer's, its
     /// `bytes_uploaded`/`bytes_reused` by what the writer measured.
-    pub async fn commit(self, mut draft: ManifestDraft) -> Result<Manifest> {
+    pub async fn commit(self, draft: ManifestDraft) -> Result<Manifest> {
+        self.commit_with(draft, ManifestExtras::default()).await
+    }
+
+    pub(crate) async fn commit_with(
+        self,
+        mut draft: ManifestDraft,
+        extras: ManifestExtras,
+    ) -> Result<Manifest> {
         if draft.store_key != self.store_key {
             return Err(Error::config(format!(
                 "draft is for another store writer_store_key=`{}` draft_store_key=`{}`",
@@ -220,6 +241,6 @@ impl SnapshotWriter {
         draft.files = self.files;
         draft.stats.bytes_uploaded = self.bytes_uploaded;
         draft.stats.bytes_reused = self.bytes_reused;
-        self.repo.commit(draft).await
+        self.repo.commit_with(draft, extras).await
     }
 }

@@ -14,6 +14,7 @@ use std::path::{Component, PathBuf};
 
 use super::paths::{self, BlobHash, ManifestName, SnapshotId, StoreKey};
 use crate::changelog::{ChangelogBinding, ChangelogId, Lineage};
+use crate::digest::LogicalDigest;
 use crate::error::{Error, Result};
 
 /// The manifest format version this build writes and reads.
@@ -157,14 +158,52 @@ pub struct Manifest {
     pub format_metadata: serde_json::Value,
     /// Features a reader must understand.
     pub required_features: Vec<String>,
+    /// Order-independent digest of the snapshot's key/value contents, when
+    /// its writer computed one (`verify --deep` and digest-checking restores
+    /// compare against it). Optional: older readers ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical_digest: Option<LogicalDigest>,
+    /// Rates the writer measured, for restore-time estimates. Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<MeasuredRates>,
     /// blake3 hex of the canonical body (see [`Manifest::canonical_body`]).
     pub checksum: String,
+}
+
+/// What a snapshot's writer measured, recorded in its manifest so a plan
+/// in another process can estimate restore time before measuring anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeasuredRates {
+    /// Bytes uploaded per second while the snapshot was written (`None`
+    /// when it uploaded too little to measure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_bytes_per_sec: Option<u64>,
+    /// The writer's changelog replay rate, records per second, as last
+    /// measured in that process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_records_per_sec: Option<u64>,
+}
+
+/// Fields a writer adds to a manifest besides its draft.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ManifestExtras {
+    pub(crate) logical_digest: Option<LogicalDigest>,
+    pub(crate) measured: Option<MeasuredRates>,
 }
 
 impl Manifest {
     /// Builds a manifest from a draft and seals it (computes its checksum).
     pub fn from_draft(
         draft: ManifestDraft,
+        snapshot_id: SnapshotId,
+        created_at: i64,
+    ) -> Result<Self> {
+        Self::from_draft_with(draft, ManifestExtras::default(), snapshot_id, created_at)
+    }
+
+    pub(crate) fn from_draft_with(
+        draft: ManifestDraft,
+        extras: ManifestExtras,
         snapshot_id: SnapshotId,
         created_at: i64,
     ) -> Result<Self> {
@@ -181,6 +220,8 @@ impl Manifest {
             stats: draft.stats,
             format_metadata: draft.format_metadata,
             required_features: draft.required_features,
+            logical_digest: extras.logical_digest,
+            measured: extras.measured,
             checksum: String::new(),
         };
         m.validate()?;

@@ -26,6 +26,7 @@ pub mod commit;
 #[cfg(feature = "testing")]
 pub mod faulty;
 pub mod gc;
+pub mod limit;
 pub mod manifest;
 pub mod paths;
 pub mod retention;
@@ -45,8 +46,11 @@ pub use blob::{BlobRef, PutOutcome, TransferOptions};
 pub use catalog::{Listing, SnapshotInfo, UnreadableManifest};
 pub use commit::SnapshotWriter;
 pub use gc::{GcOptions, GcReport};
+pub use limit::BandwidthLimit;
+pub(crate) use manifest::ManifestExtras;
 pub use manifest::{
-    ChangelogPosition, FileEntry, Manifest, ManifestDraft, SnapshotStats, StoreFormatId,
+    ChangelogPosition, FileEntry, Manifest, ManifestDraft, MeasuredRates, SnapshotStats,
+    StoreFormatId,
 };
 pub use paths::{BlobHash, Entropy, SeededEntropy, SharedEntropy, SnapshotId, StoreKey};
 pub use retention::{RetentionPlan, RetentionPolicy};
@@ -107,6 +111,8 @@ pub struct Repository {
     entropy: SharedEntropy,
     transfer: TransferOptions,
     max_commit_duration: Duration,
+    /// Shared by every transfer of this repository and its clones.
+    limit: Option<Arc<BandwidthLimit>>,
 }
 
 impl Repository {
@@ -159,6 +165,7 @@ impl Repository {
             entropy: opts.entropy,
             transfer: opts.transfer,
             max_commit_duration: opts.max_commit_duration,
+            limit: None,
         })
     }
 
@@ -184,6 +191,21 @@ impl Repository {
     pub fn with_transfer(mut self, transfer: TransferOptions) -> Self {
         self.transfer = transfer;
         self
+    }
+
+    /// The same repository with every blob upload and download drawing
+    /// from `limit` (clones share it; so do repositories given the same
+    /// `Arc`).
+    pub fn with_bandwidth_limit(mut self, limit: Arc<BandwidthLimit>) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// Waits for `bytes` of transfer under the bandwidth limit, if any.
+    pub(crate) async fn throttle(&self, bytes: u64) {
+        if let Some(l) = &self.limit {
+            l.take(bytes).await;
+        }
     }
 
     /// The same repository with another commit budget.

@@ -10,11 +10,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::changelog::{Changelog, ChangelogBinding};
+use crate::digest::LogicalDigest;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{RestoreContext, RestoreStats, StoreFormat};
-use crate::repo::{Repository, SnapshotId, StoreKey, UnreadableManifest};
+use crate::repo::{Manifest, Repository, SnapshotId, StoreKey, UnreadableManifest};
 pub use crate::store::replay::{ReplayOptions, ReplayProgress, ReplayReport, replay, replay_until};
-use crate::store::{StateStore, bind_restored};
+use crate::store::{StateStore, StateStoreExt, bind_restored};
 pub use plan::{
     PlanOptions, PlanStep, Rates, Rejected, RestorePlan, Source, plan_restore, step_time,
 };
@@ -78,6 +79,11 @@ pub struct RestoreOptions {
     /// Point in time: the last changelog offset the restored store
     /// reflects (the newest source at or before it, replay up to it).
     pub until: Option<u64>,
+    /// After a snapshot is restored and before the tail is replayed,
+    /// compare the store's logical digest with the one its manifest
+    /// recorded (a full scan); a mismatch fails that snapshot (`corrupt`,
+    /// the restored store is wiped) and the next candidate is tried.
+    pub verify_digest: bool,
 }
 
 /// Restores store `store_key` into `target`: the newest snapshot that is
@@ -120,6 +126,98 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
     execute(format, repo, changelog, target, plan, options).await
 }
 
+/// Compares a restored store's logical digest with its manifest's (no
+/// digest recorded: nothing to compare).
+fn check_digest<S: StateStore>(store: &S, m: &Manifest) -> Result<()> {
+    let Some(expected) = m.logical_digest else {
+        return Ok(());
+    };
+    let actual = store.logical_digest()?;
+    if actual != expected {
+        return Err(Error::corrupt(format!(
+            "restored store's contents differ from its snapshot's logical digest snapshot=`{}` \
+             expected=`{expected}` actual=`{actual}`; the snapshot is not used",
+            m.snapshot_id
+        )));
+    }
+    Ok(())
+}
+
+/// What [`verify_deep`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeepVerifyReport {
+    /// The snapshot.
+    pub snapshot: SnapshotId,
+    /// The digest its manifest recorded (`None`: its writer recorded none;
+    /// only the restore itself was checked).
+    pub expected: Option<LogicalDigest>,
+    /// The digest of the restored store.
+    pub actual: LogicalDigest,
+    /// Bytes downloaded.
+    pub bytes_downloaded: u64,
+}
+
+impl DeepVerifyReport {
+    /// Whether the restored contents match the recorded digest (`true`
+    /// when none was recorded and the restore succeeded).
+    pub fn is_ok(&self) -> bool {
+        self.expected.is_none_or(|e| e == self.actual)
+    }
+}
+
+/// Restores snapshot `manifest` into the scratch directory `scratch` (which
+/// must not exist, or be an empty directory or a store), every blob
+/// verified by the format, checks the store sits at the snapshot's offset,
+/// computes its logical digest and compares it with the manifest's. The
+/// scratch directory is removed afterwards. A failed restore is returned
+/// as its error (`corrupt` for a bad blob); a digest mismatch is in the
+/// report ([`DeepVerifyReport::is_ok`]).
+pub async fn verify_deep<F: StoreFormat>(
+    format: &F,
+    repo: &Repository,
+    manifest: &Manifest,
+    scratch: &Path,
+) -> Result<DeepVerifyReport> {
+    let result = async {
+        let (store, stats) = format
+            .restore(
+                manifest,
+                RestoreContext {
+                    repo,
+                    target: scratch,
+                },
+            )
+            .await?;
+        let applied = store.applied_offset()?;
+        if applied != Some(manifest.changelog.offset) {
+            return Err(Error::corrupt(format!(
+                "restored snapshot does not sit at its offset snapshot=`{}` offset={} \
+                 applied_offset={applied:?}",
+                manifest.snapshot_id, manifest.changelog.offset
+            )));
+        }
+        Ok(DeepVerifyReport {
+            snapshot: manifest.snapshot_id,
+            expected: manifest.logical_digest,
+            actual: store.logical_digest()?,
+            bytes_downloaded: stats.bytes_downloaded,
+        })
+    }
+    .await;
+    if std::fs::symlink_metadata(scratch).is_ok() {
+        std::fs::remove_dir_all(scratch).map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot remove scratch directory path=`{}`",
+                    scratch.display()
+                ),
+                e,
+            )
+        })?;
+    }
+    result
+}
+
 /// Runs `plan`: tries its steps in order, replays the tail after the one
 /// that worked.
 async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
@@ -133,13 +231,28 @@ async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
     let started = Instant::now();
     let mut failed: Vec<SkippedSnapshot> = Vec::new();
     let mut restored = None;
+    // A snapshot restored over the local store and then refused (digest)
+    // was wiped: the local store is gone.
+    let mut local_gone = false;
     for step in &plan.steps {
         let attempt = match &step.source {
+            Source::Local { .. } if local_gone => continue,
             Source::Local { .. } => format
                 .open_local(target)
                 .map(|s| (s, RestoreStats::default())),
             Source::Snapshot { id, .. } => match plan.manifest(*id) {
-                Some(m) => format.restore(m, RestoreContext { repo, target }).await,
+                Some(m) => match format.restore(m, RestoreContext { repo, target }).await {
+                    Ok((store, stats)) if options.verify_digest => match check_digest(&store, m) {
+                        Ok(()) => Ok((store, stats)),
+                        Err(e) => {
+                            drop(store);
+                            local_gone = true;
+                            drop(format.create_empty(target)?);
+                            Err(e)
+                        }
+                    },
+                    other => other,
+                },
                 None => Err(Error::internal(format!(
                     "restore plan names a snapshot it holds no manifest for snapshot=`{id}`"
                 ))),

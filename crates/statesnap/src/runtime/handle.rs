@@ -15,7 +15,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::format::StoreFormat;
 use crate::repo::{Manifest, Repository, SnapshotId, StoreKey};
 use crate::restore::{Rates, ReplayOptions, ReplayReport, RestoreOptions, RestoreReport, Source};
-use crate::snapshot::commit_snapshot;
+use crate::snapshot::{SnapshotOptions, commit_snapshot_with};
 use crate::store::logged::{CommitInfo, LoggedStore};
 use crate::store::{KvIter, StateStore};
 
@@ -335,6 +335,7 @@ where
         dir,
         at_offset,
         policy,
+        verify_digest,
     } = spec;
     if manager.is_shut_down() {
         return Err(cancelled("open", &store_key));
@@ -375,6 +376,7 @@ where
     let options = RestoreOptions {
         local_first: true,
         until: at_offset,
+        verify_digest,
         ..RestoreOptions::default()
     };
     // Restore downloads (async) and replays (blocking): all of it on a
@@ -389,6 +391,7 @@ where
     .map_err(|e| Error::internal(format!("restore task failed store_key=`{store_key}`: {e}")))?;
     drop(permit);
     let (store, report) = restored?;
+    manager.seed_rates(&report.plan.manifests);
     manager.observe(
         report.transfer.bytes_downloaded,
         report.snapshot_duration.as_secs_f64(),
@@ -444,8 +447,9 @@ where
     })
 }
 
-/// Writes and commits `cut` under the manager's transfer budget.
-async fn write_snapshot<F: StoreFormat, C: Changelog>(
+/// One snapshot's background work: write and commit `cut` under the
+/// manager's transfer budget.
+struct SnapshotJob<F: StoreFormat, C> {
     format: Arc<F>,
     cut: F::Cut,
     repo: Repository,
@@ -453,12 +457,27 @@ async fn write_snapshot<F: StoreFormat, C: Changelog>(
     changelog: Arc<C>,
     parent: Option<Manifest>,
     transfers: Arc<tokio::sync::Semaphore>,
-) -> Result<Manifest> {
-    let _permit = transfers
-        .acquire_owned()
+    options: SnapshotOptions,
+}
+
+impl<F: StoreFormat, C: Changelog> SnapshotJob<F, C> {
+    async fn run(self) -> Result<Manifest> {
+        let _permit = self
+            .transfers
+            .acquire_owned()
+            .await
+            .map_err(|_| cancelled("snapshot", &self.key))?;
+        commit_snapshot_with(
+            &*self.format,
+            self.cut,
+            &self.repo,
+            &self.key,
+            &*self.changelog,
+            self.parent.as_ref(),
+            &self.options,
+        )
         .await
-        .map_err(|_| cancelled("snapshot", &key))?;
-    commit_snapshot(&*format, cut, &repo, &key, &*changelog, parent.as_ref()).await
+    }
 }
 
 impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
@@ -627,16 +646,7 @@ impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
         self.shared.start();
         let inner = &self.manager.inner;
         let span = tracing::info_span!("snapshot", store_key = %key, trigger = %Trigger::Handoff);
-        let write = write_snapshot(
-            self.format.clone(),
-            cut,
-            inner.repo.clone(),
-            key.clone(),
-            self.changelog.clone(),
-            parent,
-            inner.transfers.clone(),
-        )
-        .instrument(span);
+        let write = self.job(cut, parent).run().instrument(span);
         let result = match tokio::time::timeout_at(deadline, write).await {
             Ok(r) => r,
             Err(_) => Err(late("the handoff snapshot")),
@@ -664,6 +674,27 @@ impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
         let mut rx = self.shared.in_flight.subscribe();
         // The sender lives in `self.shared`: it cannot be dropped here.
         let _ = rx.wait_for(|f| !*f).await;
+    }
+
+    fn job(&self, cut: F::Cut, parent: Option<Manifest>) -> SnapshotJob<F, C> {
+        let inner = &self.manager.inner;
+        SnapshotJob {
+            format: self.format.clone(),
+            cut,
+            repo: inner.repo.clone(),
+            key: self.shared.key.clone(),
+            changelog: self.changelog.clone(),
+            parent,
+            transfers: inner.transfers.clone(),
+            options: self.snapshot_options(),
+        }
+    }
+
+    fn snapshot_options(&self) -> SnapshotOptions {
+        SnapshotOptions {
+            logical_digest: self.policy.logical_digest,
+            replay_records_per_sec: self.manager.measured_replay_rate().map(|r| r as u64),
+        }
     }
 
     fn check_writable(&self) -> Result<()> {
@@ -758,15 +789,7 @@ impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
         let parent = lock(&self.shared.state).parent.clone();
         let inner = &self.manager.inner;
         let span = tracing::info_span!("snapshot", store_key = %key, trigger = %trigger);
-        let write = write_snapshot(
-            self.format.clone(),
-            cut,
-            inner.repo.clone(),
-            key.clone(),
-            self.changelog.clone(),
-            parent,
-            inner.transfers.clone(),
-        );
+        let write = self.job(cut, parent).run();
         let (shared, policy, clock) = (
             self.shared.clone(),
             self.policy.clone(),

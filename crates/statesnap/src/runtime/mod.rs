@@ -95,6 +95,9 @@ pub struct StoreSpec<F, C> {
     pub at_offset: Option<u64>,
     /// This store's policy instead of the manager's.
     pub policy: Option<SnapshotPolicy>,
+    /// Check a restored snapshot's logical digest before replaying the
+    /// tail (see [`crate::restore::RestoreOptions::verify_digest`]).
+    pub verify_digest: bool,
 }
 
 impl<F: StoreFormat, C: Changelog> StoreSpec<F, C> {
@@ -107,7 +110,15 @@ impl<F: StoreFormat, C: Changelog> StoreSpec<F, C> {
             dir: dir.into(),
             at_offset: None,
             policy: None,
+            verify_digest: false,
         }
+    }
+
+    /// Checks a restored snapshot's logical digest (a full scan) before
+    /// the tail is replayed; a mismatch falls back to the next candidate.
+    pub fn verify_digest(mut self) -> Self {
+        self.verify_digest = true;
+        self
     }
 
     /// Opens the store as of changelog offset `offset` (the newest source
@@ -205,6 +216,19 @@ impl StateManagerBuilder {
         self
     }
 
+    /// Limits all blob transfers of this manager (snapshot uploads and
+    /// restore downloads of every store together) to `bytes_per_sec`.
+    pub fn bandwidth_limit(self, bytes_per_sec: u64) -> Self {
+        self.shared_bandwidth_limit(Arc::new(crate::repo::BandwidthLimit::new(bytes_per_sec)))
+    }
+
+    /// Draws every blob transfer of this manager from `limit`, which other
+    /// managers (or repositories) may share.
+    pub fn shared_bandwidth_limit(mut self, limit: Arc<crate::repo::BandwidthLimit>) -> Self {
+        self.repo = self.repo.with_bandwidth_limit(limit);
+        self
+    }
+
     /// The rates estimates start from before anything was measured.
     pub fn initial_rates(mut self, rates: Rates) -> Self {
         self.rates = rates;
@@ -230,7 +254,11 @@ impl StateManagerBuilder {
                 tasks: TaskTracker::new(),
                 transfers: Arc::new(tokio::sync::Semaphore::new(self.max_transfers)),
                 open: Mutex::new(BTreeMap::new()),
-                rates: Mutex::new(self.rates),
+                rates: Mutex::new(RateBook {
+                    rates: self.rates,
+                    download_measured: false,
+                    replay_measured: false,
+                }),
             }),
         };
         if let Some(m) = self.maintenance {
@@ -260,7 +288,15 @@ struct Inner {
     transfers: Arc<tokio::sync::Semaphore>,
     /// Open stores, with the status cell their handle updates.
     open: Mutex<BTreeMap<StoreKey, Arc<handle::Shared>>>,
-    rates: Mutex<Rates>,
+    rates: Mutex<RateBook>,
+}
+
+/// The rates estimates use, and which of them this process measured.
+#[derive(Debug, Clone, Copy)]
+struct RateBook {
+    rates: Rates,
+    download_measured: bool,
+    replay_measured: bool,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -286,23 +322,71 @@ impl StateManager {
     }
 
     /// The rates estimates use: measured by this process's restores and
-    /// replays (a moving average), the initial figures until then.
+    /// replays (a moving average); before that, what the newest manifest
+    /// seen recorded ([`crate::repo::MeasuredRates`]); before that, the
+    /// initial figures.
     pub fn rates(&self) -> Rates {
-        *lock(&self.inner.rates)
+        lock(&self.inner.rates).rates
+    }
+
+    /// The replay rate this process measured, if it measured one.
+    fn measured_replay_rate(&self) -> Option<f64> {
+        let book = lock(&self.inner.rates);
+        book.replay_measured
+            .then_some(book.rates.replay_records_per_sec)
     }
 
     /// Records a measured download (`bytes` in `secs`) and replay
     /// (`records` in `replay_secs`); small samples are ignored.
     fn observe(&self, bytes: u64, secs: f64, records: u64, replay_secs: f64) {
-        let mut r = lock(&self.inner.rates);
+        let mut book = lock(&self.inner.rates);
         // Below these a measurement is mostly fixed costs, not a rate.
         if bytes >= 4 << 20 && secs > 0.0 {
-            r.download_bytes_per_sec = blend(r.download_bytes_per_sec, bytes as f64 / secs);
+            let sample = bytes as f64 / secs;
+            book.rates.download_bytes_per_sec = if book.download_measured {
+                blend(book.rates.download_bytes_per_sec, sample)
+            } else {
+                sample
+            };
+            book.download_measured = true;
         }
         if records >= 10_000 && replay_secs > 0.0 {
-            r.replay_records_per_sec =
-                blend(r.replay_records_per_sec, records as f64 / replay_secs);
+            let sample = records as f64 / replay_secs;
+            book.rates.replay_records_per_sec = if book.replay_measured {
+                blend(book.rates.replay_records_per_sec, sample)
+            } else {
+                sample
+            };
+            book.replay_measured = true;
         }
+    }
+
+    /// Takes rates the newest of `snapshots` recorded for those this
+    /// process has not measured (its upload rate stands in for the
+    /// download rate).
+    fn seed_rates(&self, snapshots: &[crate::repo::SnapshotInfo]) {
+        let Some(m) = snapshots.iter().filter_map(|s| s.manifest.measured).next() else {
+            return;
+        };
+        let mut book = lock(&self.inner.rates);
+        if !book.download_measured
+            && let Some(r) = m.upload_bytes_per_sec
+        {
+            book.rates.download_bytes_per_sec = r as f64;
+        }
+        if !book.replay_measured
+            && let Some(r) = m.replay_records_per_sec
+        {
+            book.rates.replay_records_per_sec = r as f64;
+        }
+    }
+
+    /// The estimated time to a ready store along `plan`'s chosen step, at
+    /// [`StateManager::rates`] (seeded from the plan's manifests where this
+    /// process has measured nothing).
+    pub fn estimate(&self, plan: &RestorePlan) -> std::time::Duration {
+        self.seed_rates(&plan.manifests);
+        plan.estimated_time(&self.rates())
     }
 
     /// The status of every open store.

@@ -37,6 +37,10 @@ pub struct SnapshotPolicy {
     /// How long [`super::StateHandle::close`] may take: waiting for a
     /// snapshot in flight plus the handoff snapshot. Default 60 s.
     pub close_deadline: Duration,
+    /// Record each snapshot's logical digest (a scan of the cut, in the
+    /// background): `None` = the format's default (the portable format
+    /// yes, RocksDB no).
+    pub logical_digest: Option<bool>,
 }
 
 impl Default for SnapshotPolicy {
@@ -49,6 +53,7 @@ impl Default for SnapshotPolicy {
             retry_backoff_min: Duration::from_secs(1),
             retry_backoff_max: Duration::from_secs(60),
             close_deadline: Duration::from_secs(60),
+            logical_digest: None,
         }
     }
 }
@@ -84,6 +89,12 @@ impl SnapshotPolicy {
     /// Sets [`SnapshotPolicy::min_interval`].
     pub fn min_interval(mut self, d: Duration) -> Self {
         self.min_interval = d;
+        self
+    }
+
+    /// Sets [`SnapshotPolicy::logical_digest`].
+    pub fn logical_digest(mut self, on: bool) -> Self {
+        self.logical_digest = Some(on);
         self
     }
 

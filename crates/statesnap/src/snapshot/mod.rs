@@ -4,7 +4,21 @@
 use crate::changelog::{Changelog, ChangelogBinding};
 use crate::error::{Error, Result};
 use crate::format::{StoreFormat, WriteContext};
-use crate::repo::{ChangelogPosition, Manifest, ManifestDraft, Repository, StoreKey};
+use crate::repo::{
+    ChangelogPosition, Manifest, ManifestDraft, ManifestExtras, MeasuredRates, Repository, StoreKey,
+};
+
+/// Options of [`commit_snapshot_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SnapshotOptions {
+    /// Record the cut's logical digest in the manifest (a scan of the cut,
+    /// in the background): `None` = the format's default
+    /// ([`StoreFormat::digest_by_default`]).
+    pub logical_digest: Option<bool>,
+    /// The writer's measured replay rate (records/s), recorded in the
+    /// manifest for other processes' restore-time estimates.
+    pub replay_records_per_sec: Option<u64>,
+}
 
 /// Writes `cut` with `format` and commits its manifest for store partition
 /// `store_key`, tagged with `changelog`'s id, lineage and the cut's offset.
@@ -28,6 +42,30 @@ pub async fn commit_snapshot<F: StoreFormat, C: Changelog + ?Sized>(
     store_key: &StoreKey,
     changelog: &C,
     parent: Option<&Manifest>,
+) -> Result<Manifest> {
+    commit_snapshot_with(
+        format,
+        cut,
+        repo,
+        store_key,
+        changelog,
+        parent,
+        &SnapshotOptions::default(),
+    )
+    .await
+}
+
+/// [`commit_snapshot`] with options: whether to record the cut's logical
+/// digest, and the rates to record for restore-time estimates (the upload
+/// rate is measured here).
+pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
+    format: &F,
+    cut: F::Cut,
+    repo: &Repository,
+    store_key: &StoreKey,
+    changelog: &C,
+    parent: Option<&Manifest>,
+    options: &SnapshotOptions,
 ) -> Result<Manifest> {
     let Some(offset) = format.cut_offset(&cut) else {
         return Err(Error::config(format!(
@@ -75,6 +113,15 @@ pub async fn commit_snapshot<F: StoreFormat, C: Changelog + ?Sized>(
             && p.changelog.offset <= offset
             && &p.store_key == store_key
     });
+    let logical_digest = if options
+        .logical_digest
+        .unwrap_or_else(|| format.digest_by_default())
+    {
+        format.cut_digest(&cut)?
+    } else {
+        None
+    };
+    let started = std::time::Instant::now();
     let out = format
         .write(
             cut,
@@ -117,5 +164,23 @@ pub async fn commit_snapshot<F: StoreFormat, C: Changelog + ?Sized>(
         format_metadata: out.format_metadata,
         required_features: out.required_features,
     };
-    out.writer.commit(draft).await
+    let secs = started.elapsed().as_secs_f64();
+    let uploaded: u64 = out.writer.bytes_uploaded();
+    // Below 1 MiB a write is mostly fixed costs, not a rate.
+    let upload_bytes_per_sec =
+        (uploaded >= 1 << 20 && secs > 0.0).then(|| (uploaded as f64 / secs) as u64);
+    let measured = (upload_bytes_per_sec.is_some() || options.replay_records_per_sec.is_some())
+        .then_some(MeasuredRates {
+            upload_bytes_per_sec,
+            replay_records_per_sec: options.replay_records_per_sec,
+        });
+    out.writer
+        .commit_with(
+            draft,
+            ManifestExtras {
+                logical_digest,
+                measured,
+            },
+        )
+        .await
 }

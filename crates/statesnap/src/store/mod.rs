@@ -179,6 +179,16 @@ pub trait StateStoreExt: StateStore {
             None => self.range(Bound::Included(prefix), Bound::Unbounded),
         }
     }
+
+    /// The order-independent digest of every live entry (one full scan).
+    fn logical_digest(&self) -> Result<crate::digest::LogicalDigest> {
+        let mut d = crate::digest::LogicalDigest::new();
+        for kv in self.iter()? {
+            let (k, v) = kv?;
+            d.add(&k, &v);
+        }
+        Ok(d)
+    }
 }
 
 impl<S: StateStore + ?Sized> StateStoreExt for S {}

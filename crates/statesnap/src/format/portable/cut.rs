@@ -112,6 +112,18 @@ impl PortableCut {
         self.len() == 0
     }
 
+    /// The logical digest of the cut's contents.
+    pub fn logical_digest(&self) -> crate::digest::LogicalDigest {
+        match &self.contents {
+            CutContents::Memory(m, _) => {
+                crate::digest::LogicalDigest::of_pairs(m.iter().map(|(k, v)| (&k[..], &v[..])))
+            }
+            CutContents::Sorted(e, _) => {
+                crate::digest::LogicalDigest::of_pairs(e.iter().map(|(k, v)| (&k[..], &v[..])))
+            }
+        }
+    }
+
     /// Logical bytes (keys + values).
     pub fn logical_bytes(&self) -> u64 {
         match &self.contents {

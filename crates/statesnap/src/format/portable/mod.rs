@@ -146,6 +146,14 @@ impl<S: PortableSource + 'static> StoreFormat for PortableFormat<S> {
         cut.binding.clone()
     }
 
+    fn cut_digest(&self, cut: &PortableCut) -> Result<Option<crate::digest::LogicalDigest>> {
+        Ok(Some(cut.logical_digest()))
+    }
+
+    fn digest_by_default(&self) -> bool {
+        true
+    }
+
     fn write(
         &self,
         cut: PortableCut,
