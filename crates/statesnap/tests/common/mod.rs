@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogId};
+use statesnap::changelog::{Changelog, ChangelogId, LoggedRecord};
 use statesnap::format::{RestoreContext, RestoreStats, StoreFormat};
 use statesnap::repo::paths;
 use statesnap::repo::{BlobHash, Manifest, Repository, StoreKey};
@@ -27,6 +27,21 @@ pub type Kv = BTreeMap<Bytes, Bytes>;
 /// Everything a store holds, in key order.
 pub fn contents<S: StateStore + ?Sized>(s: &S) -> Kv {
     s.iter().unwrap().map(|kv| kv.unwrap()).collect()
+}
+
+/// Every record of `log` from offset `from` on, read in batches of `batch`,
+/// or the first error.
+pub fn try_read_all<C: Changelog + ?Sized>(
+    log: &C,
+    from: u64,
+    batch: usize,
+) -> statesnap::Result<Vec<LoggedRecord>> {
+    let mut r = log.read_from(from)?;
+    let mut out = Vec::new();
+    while let Some(b) = r.next_batch(batch)? {
+        out.extend(b);
+    }
+    Ok(out)
 }
 
 /// What a full replay of `log` into a new store holds, and its offset.
@@ -176,6 +191,26 @@ pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut next = xorshift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     (0..len).map(|_| (next() >> 24) as u8).collect()
+}
+
+/// Puts `key` = `value` on `ls` (`None`: deletes `key`), and the same on
+/// `model`.
+pub fn write_both<S: StateStore, C: Changelog>(
+    ls: &mut LoggedStore<S, C>,
+    model: &mut Kv,
+    key: Bytes,
+    value: Option<Bytes>,
+) {
+    match value {
+        Some(v) => {
+            ls.put(key.clone(), v.clone());
+            model.insert(key, v);
+        }
+        None => {
+            ls.delete(key.clone());
+            model.remove(&key);
+        }
+    }
 }
 
 /// A write the model tests make: a put of `key(k)` (value: `v`'s
