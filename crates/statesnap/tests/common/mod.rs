@@ -89,6 +89,12 @@ impl Rng {
     }
 }
 
+/// Creates the directory `dir` holding one file, `name`, of `bytes`.
+pub fn dir_with_file(dir: &Path, name: &str, bytes: &[u8]) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join(name), bytes).unwrap();
+}
+
 /// Flips bits of the byte at `at` in a local file (bit rot).
 pub fn flip_file_byte(path: &std::path::Path, at: u64, mask: u8) {
     let mut b = std::fs::read(path).unwrap();
