@@ -15,7 +15,9 @@ use statesnap::changelog::{Changelog, ChangelogId, LoggedRecord};
 use statesnap::format::{RestoreContext, RestoreStats, StoreFormat};
 use statesnap::repo::paths;
 use statesnap::repo::{BlobHash, Manifest, Repository, StoreKey};
-use statesnap::restore::{ReplayOptions, RestoreOptions, RestoreReport, replay, restore_store};
+use statesnap::restore::{
+    ReplayOptions, ReplayReport, RestoreOptions, RestoreReport, replay, restore_store,
+};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
@@ -47,8 +49,17 @@ pub fn try_read_all<C: Changelog + ?Sized>(
 /// What a full replay of `log` into a new store holds, and its offset.
 pub fn replayed<C: Changelog + ?Sized>(log: &C) -> (Kv, Option<u64>) {
     let mut s = MemoryStore::new();
-    replay(&mut s, log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    replay_tail(&mut s, log);
     (contents(&s), s.applied_offset().unwrap())
+}
+
+/// Replays `log` into `store`, from the store's offset to the log's end,
+/// with the default options.
+pub fn replay_tail<S: StateStore + ?Sized, C: Changelog + ?Sized>(
+    store: &mut S,
+    log: &C,
+) -> ReplayReport {
+    replay(store, log, &ReplayOptions::default(), &mut |_| {}).unwrap()
 }
 
 /// Applies writes (`None`: a delete) to a model, in order.
