@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Kv, apply_to};
+use common::{Kv, apply_to, set_len};
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -89,16 +89,6 @@ fn closed_log(segment_bytes: u64, n: u64) -> (tempfile::TempDir, Vec<PathBuf>) {
     fill(&open(dir.path(), segment_bytes).unwrap(), n);
     let files = log_files(dir.path());
     (dir, files)
-}
-
-/// Cuts (or extends) the file at `path` to `len` bytes.
-fn set_len(path: &Path, len: u64) {
-    OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_len(len)
-        .unwrap();
 }
 
 #[test]

@@ -106,6 +106,17 @@ pub fn dir_with_file(dir: &Path, name: &str, bytes: &[u8]) {
     std::fs::write(dir.join(name), bytes).unwrap();
 }
 
+/// Cuts (or extends) the file at `path` to `len` bytes: a disk that lost
+/// what was written after `len`.
+pub fn set_len(path: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
 /// Flips bits of the byte at `at` in a local file (bit rot).
 pub fn flip_file_byte(path: &std::path::Path, at: u64, mask: u8) {
     let mut b = std::fs::read(path).unwrap();
