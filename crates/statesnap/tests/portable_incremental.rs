@@ -22,24 +22,7 @@ use statesnap::snapshot::commit_snapshot;
 use statesnap::store::memory::MemoryStore;
 use statesnap::store::{StateStore, ensure_follows};
 
-fn key(i: u64) -> Bytes {
-    Bytes::from(format!("user:{i:010}"))
-}
-
-/// 100 bytes, distinct per (key, generation), mildly compressible.
-fn value(i: u64, generation: u64) -> Bytes {
-    let mut v = Vec::with_capacity(100);
-    let mut x =
-        i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ generation.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    while v.len() < 100 {
-        x ^= x >> 31;
-        x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-        v.extend_from_slice(&x.to_le_bytes()[..4]);
-        v.extend_from_slice(b"abcd");
-    }
-    v.truncate(100);
-    Bytes::from(v)
-}
+use common::data::{user_key as key, user_value as value};
 
 use common::Rng;
 

@@ -2,6 +2,8 @@
 //! uses them). Each test binary compiles its own copy and uses a part of it.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod data;
+
 use bytes::Bytes;
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
