@@ -90,18 +90,28 @@ impl Env {
 
 use common::contents;
 
-fn fill(env: &mut Env, store: &mut MemoryStore, n: u64) {
-    let mut batch = Vec::with_capacity(10_000);
-    for i in 0..n {
-        batch.push(Record::put(key(i), value(i, 0)));
-        if batch.len() == 10_000 {
-            env.apply(store, &batch);
-            batch.clear();
-        }
+/// A new environment and a store holding users `0..n` (generation 0),
+/// written through the changelog 10 000 per batch.
+fn filled(n: u64) -> (Env, MemoryStore) {
+    let mut env = Env::new();
+    let mut store = MemoryStore::new();
+    let all: Vec<Record> = (0..n).map(|i| Record::put(key(i), value(i, 0))).collect();
+    for batch in all.chunks(10_000) {
+        env.apply(&mut store, batch);
     }
-    if !batch.is_empty() {
-        env.apply(store, &batch);
-    }
+    (env, store)
+}
+
+/// The memory store's portable format with chunks of about `target_kib`
+/// KiB (a quarter of that at least, four times at most).
+fn chunked(target_kib: usize) -> PortableFormat<MemoryStore> {
+    PortableFormat::memory()
+        .with_chunking(ChunkParams {
+            min: target_kib << 8,
+            target: target_kib << 10,
+            max: target_kib << 12,
+        })
+        .unwrap()
 }
 
 /// Keys of the chunks of `m` that no snapshot in `old` holds, decoded.
@@ -137,9 +147,7 @@ async fn unshared_chunk_keys(env: &Env, m: &Manifest, old: &Manifest) -> Vec<Vec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_percent_delta_and_range_change_share_chunks() {
     const N: u64 = 1_000_000;
-    let mut env = Env::new();
-    let mut store = MemoryStore::new();
-    fill(&mut env, &mut store, N);
+    let (mut env, mut store) = filled(N);
     let fmt = PortableFormat::memory();
 
     let full = env.snapshot(&fmt, &store, None).await;
@@ -235,21 +243,12 @@ async fn one_percent_delta_and_range_change_share_chunks() {
 /// exactly; the chain is consolidated by length and by size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_chain_restores_and_consolidates() {
-    let mut env = Env::new();
-    let mut store = MemoryStore::new();
-    fill(&mut env, &mut store, 20_000);
-    let fmt = PortableFormat::memory()
-        .with_chunking(ChunkParams {
-            min: 4 << 10,
-            target: 16 << 10,
-            max: 64 << 10,
-        })
-        .unwrap()
-        .with_delta_policy(DeltaPolicy {
-            enabled: true,
-            max_chain_len: 3,
-            max_delta_percent: 50,
-        });
+    let (mut env, mut store) = filled(20_000);
+    let fmt = chunked(16).with_delta_policy(DeltaPolicy {
+        enabled: true,
+        max_chain_len: 3,
+        max_delta_percent: 50,
+    });
     let mut rng = Rng(11);
     let mut parent: Option<Manifest> = None;
     let mut kinds = Vec::new();
@@ -295,16 +294,8 @@ async fn delta_chain_restores_and_consolidates() {
 /// kept delta still restores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_keeps_every_snapshot_a_kept_delta_needs() {
-    let mut env = Env::new();
-    let mut store = MemoryStore::new();
-    fill(&mut env, &mut store, 5_000);
-    let fmt = PortableFormat::memory()
-        .with_chunking(ChunkParams {
-            min: 2 << 10,
-            target: 8 << 10,
-            max: 32 << 10,
-        })
-        .unwrap();
+    let (mut env, mut store) = filled(5_000);
+    let fmt = chunked(8);
     let change = |env: &mut Env, store: &mut MemoryStore, g: u64| {
         let b: Vec<Record> = (g * 10..g * 10 + 50)
             .map(|i| Record::put(key(i), value(i, g)))
