@@ -41,18 +41,17 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        14 => writes(40, 10, 4).prop_map(Op::Write),
-        4 => Just(Op::Commit),
+        18 => writes_and_commits(40, [10, 4, 4], Op::Write, Op::Commit),
+        2 => (0u8..40, 0u8..40).prop_map(|(a, b)| Op::RangeCheck(a.min(b), a.max(b))),
+        2 => (0u8..6).prop_map(Op::FailedCommit),
         1 => Just(Op::DropWithoutCommit),
         1 => Just(Op::Reopen),
         1 => Just(Op::LoseStore),
-        2 => (0u8..40, 0u8..40).prop_map(|(a, b)| Op::RangeCheck(a.min(b), a.max(b))),
-        2 => (0u8..6).prop_map(Op::FailedCommit),
         1 => Just(Op::Discard),
     ]
 }
 
-use common::{Model, Write, apply_to, contents, key, writes};
+use common::{Model, Write, apply_to, contents, key, writes_and_commits};
 
 fn small_segments() -> FileChangelogOptions {
     FileChangelogOptions {

@@ -31,11 +31,10 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        16 => writes(60, 12, 4).prop_map(Op::Write),
-        4 => Just(Op::Commit),
+        20 => writes_and_commits(60, [12, 4, 4], Op::Write, Op::Commit),
         3 => Just(Op::Snapshot),
-        1 => Just(Op::FullSnapshot),
         2 => Just(Op::Restore),
+        1 => Just(Op::FullSnapshot),
     ]
 }
 
@@ -60,7 +59,7 @@ fn format() -> PortableFormat<MemoryStore> {
 
 use common::{
     Model, Write, contents, file_log, memory_repo, restore_latest, restore_snapshot, rt, snapshot,
-    writes,
+    writes_and_commits,
 };
 
 async fn run(ops: Vec<Op>) {

@@ -259,6 +259,21 @@ pub fn writes(keys: u8, puts: u32, deletes: u32) -> impl Strategy<Value = Write>
     ]
 }
 
+/// A model test's puts and deletes over the keys `0..keys` (as `write`
+/// makes them its `Op`) and its `commit`s, in the proportion
+/// `puts : deletes : commits`.
+pub fn writes_and_commits<Op: Clone + std::fmt::Debug + 'static>(
+    keys: u8,
+    [puts, deletes, commits]: [u32; 3],
+    write: fn(Write) -> Op,
+    commit: Op,
+) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        puts + deletes => writes(keys, puts, deletes).prop_map(write),
+        commits => Just(commit),
+    ]
+}
+
 /// What a `LoggedStore` under test should hold: its committed writes, and
 /// the writes pending since its last commit.
 #[derive(Debug, Default)]
