@@ -7,18 +7,14 @@
 mod common;
 
 use bytes::Bytes;
-use object_store::memory::InMemory;
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
+use statesnap::changelog::file::FileChangelog;
+use statesnap::changelog::{Changelog, ChangelogBinding, Record};
 use statesnap::format::portable::chunk::{ChunkParams, decode_chunk};
 use statesnap::format::portable::{DeltaPolicy, LayerKind, PortableFormat, PortableMetadata};
-use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{BlobRef, GcOptions, Manifest, Repository, RetentionPolicy, StoreKey};
-use statesnap::snapshot::commit_snapshot;
 use statesnap::store::memory::MemoryStore;
 use statesnap::store::{StateStore, ensure_follows};
 
@@ -36,16 +32,10 @@ struct Env {
 impl Env {
     fn new() -> Env {
         let dir = tempfile::tempdir().unwrap();
-        let log = FileChangelog::open(
-            dir.path(),
-            ChangelogId::for_store("app", "store", 0).unwrap(),
-            FileChangelogOptions::default(),
-        )
-        .unwrap();
         Env {
-            repo: Repository::from_store(Arc::new(InMemory::new()), "").unwrap(),
+            repo: common::memory_repo().0,
             store_key: StoreKey::new("app", "store", 0).unwrap(),
-            log,
+            log: common::file_log(dir.path(), "app", "store"),
             _dir: dir,
         }
     }
@@ -66,25 +56,14 @@ impl Env {
         store: &MemoryStore,
         parent: Option<&Manifest>,
     ) -> Manifest {
-        let cut = fmt.capture(store).unwrap();
-        commit_snapshot(fmt, cut, &self.repo, &self.store_key, &self.log, parent)
-            .await
-            .unwrap()
+        common::snapshot(fmt, store, &self.repo, &self.store_key, &self.log, parent).await
     }
 
     async fn restore(&self, m: &Manifest) -> MemoryStore {
         let dir = tempfile::tempdir().unwrap();
-        PortableFormat::memory()
-            .restore(
-                m,
-                RestoreContext {
-                    repo: &self.repo,
-                    target: dir.path(),
-                },
-            )
-            .await
-            .unwrap()
-            .0
+        let format = PortableFormat::memory();
+        let restored = common::restore_snapshot(&format, m, &self.repo, dir.path()).await;
+        restored.unwrap().0
     }
 }
 
