@@ -520,7 +520,8 @@ fn end_to_end_logged_store_rebuilds_from_kafka_by_full_replay() {
         for _ in 0..(1 + next() % 8) {
             let key = Bytes::from(format!("key-{:04}", next() % 500));
             // One delete in five; a put's value draws once more.
-            let value = (next() % 5 != 0).then(|| Bytes::from(format!("v{c}-{}", next() % 1000)));
+            let put = !next().is_multiple_of(5);
+            let value = put.then(|| Bytes::from(format!("v{c}-{}", next() % 1000)));
             write_both(&mut store, &mut model, key, value);
         }
         store.commit().unwrap();
