@@ -4,6 +4,8 @@
 //! `cargo bench -p statesnap --no-default-features --bench changelog`
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -93,14 +95,7 @@ fn replay(c: &mut Criterion) {
     g.sample_size(10).measurement_time(Duration::from_secs(4));
     g.throughput(Throughput::Elements(RECORDS as u64));
     g.bench_function("read_1m_records", |bn| {
-        bn.iter(|| {
-            let mut r = log.read_from(0).unwrap();
-            let mut n = 0usize;
-            while let Some(batch) = r.next_batch(10_000).unwrap() {
-                n += batch.len();
-            }
-            assert_eq!(n, RECORDS);
-        })
+        bn.iter(|| assert_eq!(common::count_records(&log), RECORDS as u64))
     });
     g.finish();
 }

@@ -16,22 +16,19 @@
 //!   (experiments); `scripts/bench-kafka.sh` runs it all against tansu with
 //!   each of its storage engines.
 
+mod common;
+
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use std::time::Duration;
 
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+use statesnap::changelog::file::FsyncPolicy;
 use statesnap::changelog::kafka::{KafkaChangelog, KafkaOptions, NonCompactedPolicy};
 use statesnap::changelog::{Changelog, ChangelogId, Record};
 use statesnap::restore::{ReplayOptions, replay};
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::rocks::{RocksOptions, RocksStore};
+use statesnap::store::rocks::RocksStore;
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use common::{count_records, env_u64, temp_rocks};
 
 type Mock = rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>;
 
@@ -129,12 +126,7 @@ fn replay_throughput(c: &mut Criterion) {
     let log = open(&b, "replay", mock.as_ref());
     // The same records in a file changelog: the baseline of the target.
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = FileChangelog::open(
-        dir.path().join("log"),
-        ChangelogId::for_store("bench", "replay", 0).expect("id"),
-        FileChangelogOptions::default(),
-    )
-    .expect("open file log");
+    let file = common::file_log(&dir.path().join("log"), "replay", FsyncPolicy::EveryBatch);
     let mut i = 0;
     while i < n {
         let k = 10_000.min(n - i);
@@ -166,7 +158,7 @@ fn replay_throughput(c: &mut Criterion) {
     });
     g.bench_function("kafka/into_rocks_store", |bn| {
         bn.iter_batched(
-            rocks,
+            temp_rocks,
             |(d, mut s)| replay_into(&mut s, d, &log),
             BatchSize::PerIteration,
         )
@@ -175,7 +167,7 @@ fn replay_throughput(c: &mut Criterion) {
     g.bench_function("file/read_only", |bn| bn.iter(|| read_all(&file)));
     g.bench_function("file/into_rocks_store", |bn| {
         bn.iter_batched(
-            rocks,
+            temp_rocks,
             |(d, mut s)| replay_into(&mut s, d, &file),
             BatchSize::PerIteration,
         )
@@ -184,19 +176,9 @@ fn replay_throughput(c: &mut Criterion) {
 }
 
 fn read_all(log: &dyn Changelog) -> u64 {
-    let mut r = log.read_from(0).expect("read");
-    let mut got = 0u64;
-    while let Some(b) = r.next_batch(10_000).expect("batch") {
-        got += b.len() as u64;
-    }
+    let got = count_records(log);
     assert!(got > 0, "nothing read");
     got
-}
-
-fn rocks() -> (tempfile::TempDir, RocksStore) {
-    let d = tempfile::tempdir().expect("tempdir");
-    let s = RocksStore::open(d.path().join("db"), &RocksOptions::default()).expect("open");
-    (d, s)
 }
 
 fn replay_into(s: &mut RocksStore, d: tempfile::TempDir, log: &dyn Changelog) -> tempfile::TempDir {

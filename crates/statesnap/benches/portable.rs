@@ -4,18 +4,21 @@
 //! while a snapshot of it is being serialised vs idle.
 #![allow(clippy::unwrap_used)]
 
-use bytes::Bytes;
+mod common;
+#[path = "../tests/common/data.rs"]
+mod data;
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use object_store::memory::InMemory;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
-use statesnap::changelog::{ChangelogId, Record};
+use statesnap::changelog::Record;
+use statesnap::changelog::file::{FileChangelog, FsyncPolicy};
 use statesnap::format::portable::PortableFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
-use statesnap::repo::{Repository, StoreKey};
+use statesnap::repo::{Manifest, Repository, StoreKey};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
@@ -23,32 +26,12 @@ use statesnap::store::memory::MemoryStore;
 
 const N: u64 = 1_000_000;
 
-fn key(i: u64) -> Bytes {
-    Bytes::from(format!("user:{i:010}"))
-}
-
-fn value(i: u64, g: u64) -> Bytes {
-    let mut v = Vec::with_capacity(100);
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ g;
-    while v.len() < 100 {
-        x ^= x >> 31;
-        x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-        v.extend_from_slice(&x.to_le_bytes()[..4]);
-        v.extend_from_slice(b"abcd");
-    }
-    v.truncate(100);
-    Bytes::from(v)
-}
+use common::{runtime, sum_of_runs};
+use data::{user_key as key, user_value as value};
 
 /// The bench's changelog: a file log that fsyncs only when a snapshot asks.
 fn open_log(dir: &std::path::Path) -> Arc<FileChangelog> {
-    let opts = FileChangelogOptions {
-        fsync: FsyncPolicy::Never,
-        ..FileChangelogOptions::default()
-    };
-    Arc::new(
-        FileChangelog::open(dir, ChangelogId::for_store("bench", "s", 0).unwrap(), opts).unwrap(),
-    )
+    Arc::new(common::file_log(dir, "s", FsyncPolicy::Never))
 }
 
 /// N keys written through the changelog, 10 000 per commit.
@@ -72,12 +55,22 @@ fn fresh_repo() -> Repository {
     Repository::from_store(Arc::new(InMemory::new()), "").unwrap()
 }
 
+/// Writes `i` in `range` (user `(i * 7919 + seed) % N`, value generation
+/// `generation`) applied to `s`, 1 000 per batch.
+fn apply_writes(s: &mut MemoryStore, range: std::ops::Range<u64>, seed: u64, generation: u64) {
+    let mut batch = Vec::with_capacity(1000);
+    for i in range {
+        let k = (i * 7919 + seed) % N;
+        batch.push(Record::put(key(k), value(k, generation)));
+        if batch.len() == 1000 {
+            s.apply(&batch, N + 10 + seed + i).unwrap();
+            batch.clear();
+        }
+    }
+}
+
 fn benches(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let log_dir = tempfile::tempdir().unwrap();
     let log = open_log(log_dir.path());
     let store = build_store(&log);
@@ -96,53 +89,45 @@ fn benches(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(logical));
     g.bench_function("write_full_1m_keys", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
+            sum_of_runs(iters, |_| {
                 let repo = fresh_repo();
                 fmt.forget_last_cut();
                 let cut = fmt.capture(&store).unwrap();
                 let t = Instant::now();
                 rt.block_on(commit_snapshot(&fmt, cut, &repo, &sk(), &*log, None))
                     .unwrap();
-                total += t.elapsed();
-            }
-            total
+                t.elapsed()
+            })
         })
     });
 
     let repo = fresh_repo();
     fmt.forget_last_cut();
-    let full = rt
-        .block_on(commit_snapshot(
-            &fmt,
-            fmt.capture(&store).unwrap(),
-            &repo,
-            &sk(),
-            &*log,
-            None,
-        ))
-        .unwrap();
+    let snapshot = |store: &MemoryStore, parent: Option<&Manifest>| {
+        let cut = fmt.capture(store).unwrap();
+        rt.block_on(commit_snapshot(&fmt, cut, &repo, &sk(), &*log, parent))
+            .unwrap()
+    };
+    let full = snapshot(&store, None);
     g.throughput(Throughput::Elements(N));
     g.bench_function("restore_1m_keys", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
+            sum_of_runs(iters, |_| {
                 let dir = tempfile::tempdir().unwrap();
                 let f = PortableFormat::memory();
+                let target = dir.path();
                 let t = Instant::now();
-                let (s, _) = rt
-                    .block_on(f.restore(
-                        &full,
-                        RestoreContext {
-                            repo: &repo,
-                            target: dir.path(),
-                        },
-                    ))
-                    .unwrap();
-                total += t.elapsed();
-                assert_eq!(s.len() as u64, N);
-            }
-            total
+                let restored = rt.block_on(f.restore(
+                    &full,
+                    RestoreContext {
+                        repo: &repo,
+                        target,
+                    },
+                ));
+                let took = t.elapsed();
+                assert_eq!(restored.unwrap().0.len() as u64, N);
+                took
+            })
         })
     });
 
@@ -158,16 +143,7 @@ fn benches(c: &mut Criterion) {
     }
     changed.commit().unwrap();
     let changed = changed.into_parts().0;
-    let delta = rt
-        .block_on(commit_snapshot(
-            &fmt,
-            fmt.capture(&changed).unwrap(),
-            &repo,
-            &sk(),
-            &*log,
-            Some(&full),
-        ))
-        .unwrap();
+    let delta = snapshot(&changed, Some(&full));
     eprintln!(
         "portable/delta_1pct: full uploaded {} B, delta uploaded {} B = {:.2} % of full (target <= 5 %)",
         full.stats.bytes_uploaded,
@@ -177,28 +153,15 @@ fn benches(c: &mut Criterion) {
 
     // Store write throughput idle vs while a snapshot of it serialises.
     const WRITES: u64 = 200_000;
-    let run_writes = |s: &mut MemoryStore, base: u64| {
-        let mut batch = Vec::with_capacity(1000);
-        for i in 0..WRITES {
-            let k = (i * 7919 + base) % N;
-            batch.push(Record::put(key(k), value(k, base)));
-            if batch.len() == 1000 {
-                s.apply(&batch, N + 10 + base + i).unwrap();
-                batch.clear();
-            }
-        }
-    };
     g.throughput(Throughput::Elements(WRITES));
     g.bench_function("store_writes_idle", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for it in 0..iters {
+            sum_of_runs(iters, |it| {
                 let mut s = store.clone();
                 let t = Instant::now();
-                run_writes(&mut s, it);
-                total += t.elapsed();
-            }
-            total
+                apply_writes(&mut s, 0..WRITES, it, it);
+                t.elapsed()
+            })
         })
     });
     g.finish();
@@ -221,31 +184,15 @@ fn benches(c: &mut Criterion) {
         });
         let t = Instant::now();
         let mut writes = 0u64;
-        let mut batch = Vec::with_capacity(1000);
         while !snap.is_finished() {
-            for _ in 0..1000 {
-                let k = (writes * 7919 + round) % N;
-                batch.push(Record::put(key(k), value(k, round + 7)));
-                writes += 1;
-            }
-            s.apply(&batch, N + 10 + writes).unwrap();
-            batch.clear();
+            apply_writes(&mut s, writes..writes + 1000, round, round + 7);
+            writes += 1000;
         }
         let busy = writes as f64 / t.elapsed().as_secs_f64();
         rt.block_on(snap).unwrap();
         let mut s = store.clone();
-        let t = Instant::now();
-        let mut done = 0u64;
-        while done < writes {
-            for _ in 0..1000 {
-                let k = (done * 7919 + round) % N;
-                batch.push(Record::put(key(k), value(k, round + 7)));
-                done += 1;
-            }
-            s.apply(&batch, N + 10 + done).unwrap();
-            batch.clear();
-        }
-        let idle = done as f64 / t.elapsed().as_secs_f64();
+        let ((), idle_time) = common::timed(|| apply_writes(&mut s, 0..writes, round, round + 7));
+        let idle = writes as f64 / idle_time.as_secs_f64();
         eprintln!(
             "portable/writes_during_snapshot round {round}: {writes} writes, {:.0} writes/s during vs {:.0} idle = {:.0} % (target >= 80 %)",
             busy,

@@ -6,6 +6,8 @@
 //! `STATESNAP_BENCH_PARALLELISM` (default `1,4,16`) trim the matrix.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::time::{Duration, Instant};
@@ -13,14 +15,39 @@ use std::time::{Duration, Instant};
 use object_store::ObjectStoreExt;
 use statesnap::conformance::repo::draft;
 use statesnap::repo::{
-    BlobRef, FileEntry, Manifest, Repository, SnapshotId, StoreKey, TransferOptions,
+    BlobHash, BlobRef, FileEntry, Manifest, Repository, SnapshotId, StoreKey, TransferOptions,
 };
 
-fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| default.to_vec())
+use common::{env_list, runtime, sum_of_runs};
+
+/// `repo` moving blobs `p` at a time.
+fn with_parallelism(repo: &Repository, p: usize) -> Repository {
+    repo.clone().with_transfer(TransferOptions {
+        parallelism: p,
+        ..Default::default()
+    })
+}
+
+/// How long `iters` uploads by `put` took, each timed alone; what each
+/// uploads is deleted after it (untimed), so the next one uploads again
+/// instead of finding the blobs there.
+fn time_uploads(
+    rt: &tokio::runtime::Runtime,
+    repo: &Repository,
+    sk: &StoreKey,
+    iters: u64,
+    put: impl Fn() -> Vec<BlobHash>,
+) -> Duration {
+    sum_of_runs(iters, |_| {
+        let t = Instant::now();
+        let hashes = put();
+        let took = t.elapsed();
+        for h in hashes {
+            let key = statesnap::repo::paths::blob(sk, &h);
+            rt.block_on(repo.object_store().delete(&key)).unwrap();
+        }
+        took
+    })
 }
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
@@ -60,11 +87,7 @@ async fn target_repos() -> Vec<(&'static str, Repository, Option<tempfile::TempD
 }
 
 fn blobs(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let sk = StoreKey::new("bench", "blobs", 0).unwrap();
     let repos = rt.block_on(target_repos());
     let src_dir = tempfile::tempdir().unwrap();
@@ -80,26 +103,18 @@ fn blobs(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(len as u64));
         for (name, repo, _) in &repos {
             for p in env_list("STATESNAP_BENCH_PARALLELISM", &[1, 4, 16]) {
-                let repo = repo.clone().with_transfer(TransferOptions {
-                    parallelism: p,
-                    ..Default::default()
-                });
+                let repo = with_parallelism(repo, p);
+                let put = || {
+                    vec![
+                        rt.block_on(repo.put_blob_file(&sk, &src))
+                            .unwrap()
+                            .blob
+                            .hash,
+                    ]
+                };
                 group.bench_function(
                     BenchmarkId::new(format!("put_file_{name}_{mib}MiB"), format!("p{p}")),
-                    |b| {
-                        b.iter_custom(|iters| {
-                            let mut total = Duration::ZERO;
-                            for _ in 0..iters {
-                                let t = Instant::now();
-                                let out = rt.block_on(repo.put_blob_file(&sk, &src)).unwrap();
-                                total += t.elapsed();
-                                // Remove it so the next put uploads again (no dedupe).
-                                let key = statesnap::repo::paths::blob(&sk, &out.blob.hash);
-                                rt.block_on(repo.object_store().delete(&key)).unwrap();
-                            }
-                            total
-                        })
-                    },
+                    |b| b.iter_custom(|iters| time_uploads(&rt, &repo, &sk, iters, put)),
                 );
             }
             let out = rt.block_on(repo.put_blob_file(&sk, &src)).unwrap();
@@ -126,28 +141,14 @@ fn blobs(c: &mut Criterion) {
             group.throughput(Throughput::Bytes(32 * len as u64));
             for (name, repo, _) in &repos {
                 for p in env_list("STATESNAP_BENCH_PARALLELISM", &[1, 4, 16]) {
-                    let repo = repo.clone().with_transfer(TransferOptions {
-                        parallelism: p,
-                        ..Default::default()
-                    });
+                    let repo = with_parallelism(repo, p);
+                    let put = || {
+                        let outs = rt.block_on(repo.put_blob_files(&sk, &files)).unwrap();
+                        outs.into_iter().map(|o| o.blob.hash).collect()
+                    };
                     group.bench_function(
                         BenchmarkId::new(format!("put_32x1MiB_{name}"), format!("p{p}")),
-                        |b| {
-                            b.iter_custom(|iters| {
-                                let mut total = Duration::ZERO;
-                                for _ in 0..iters {
-                                    let t = Instant::now();
-                                    let outs =
-                                        rt.block_on(repo.put_blob_files(&sk, &files)).unwrap();
-                                    total += t.elapsed();
-                                    for o in outs {
-                                        let key = statesnap::repo::paths::blob(&sk, &o.blob.hash);
-                                        rt.block_on(repo.object_store().delete(&key)).unwrap();
-                                    }
-                                }
-                                total
-                            })
-                        },
+                        |b| b.iter_custom(|iters| time_uploads(&rt, &repo, &sk, iters, put)),
                     );
                     let items: Vec<(BlobRef, std::path::PathBuf)> = files
                         .iter()
@@ -169,11 +170,7 @@ fn blobs(c: &mut Criterion) {
 }
 
 fn listing(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let sk = StoreKey::new("bench", "listing", 0).unwrap();
     let url = format!("memory://bench-listing-{}", uuid::Uuid::new_v4());
     let repo = rt

@@ -14,13 +14,15 @@
 //! scratch directory (default: a temporary directory).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rocksdb::backup::{BackupEngine, BackupEngineOptions, RestoreOptions as BeRestoreOptions};
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
-use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
+use statesnap::changelog::file::{FileChangelog, FsyncPolicy};
+use statesnap::changelog::{Changelog, ChangelogBinding, Record};
 use statesnap::format::rocks::RocksFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{Manifest, Repository, RepositoryOptions, StoreKey};
@@ -30,12 +32,7 @@ use statesnap::store::logged::LoggedStore;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
 use statesnap::store::{StateStore, ensure_follows};
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use common::{env_u64, timed};
 
 fn noise(seed: u64, out: &mut [u8]) {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -79,12 +76,6 @@ fn mb(b: u64) -> f64 {
     b as f64 / 1e6
 }
 
-fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
-    let t = Instant::now();
-    let r = f();
-    (r, t.elapsed())
-}
-
 struct Row {
     what: String,
     ours: f64,
@@ -99,22 +90,20 @@ fn sk(name: &str) -> StoreKey {
 
 /// A file changelog that fsyncs only when asked (a snapshot asks).
 fn bench_log(dir: &Path, name: &str) -> FileChangelog {
-    FileChangelog::open(
-        dir,
-        ChangelogId::for_store("bench", name, 0).unwrap(),
-        FileChangelogOptions {
-            fsync: FsyncPolicy::Never,
-            ..FileChangelogOptions::default()
-        },
-    )
-    .unwrap()
+    common::file_log(dir, name, FsyncPolicy::Never)
 }
 
-/// Logs `batch`, then applies it to `store` at its last offset (the
-/// LoggedStore path without its per-key pending map, for bulk loading).
-fn log_and_apply(log: &FileChangelog, store: &mut RocksStore, batch: &[Record]) {
-    let offsets = log.append(batch).unwrap();
-    store.apply(batch, *offsets.last().unwrap()).unwrap();
+/// Logs `records` 1 000 per batch and applies each batch to `store` at its
+/// last offset (the LoggedStore path without its per-key pending map, for
+/// bulk loading), then flushes the store.
+fn load(log: &FileChangelog, store: &mut RocksStore, records: impl Iterator<Item = Record>) {
+    let mut records = records.peekable();
+    while records.peek().is_some() {
+        let batch: Vec<Record> = records.by_ref().take(1000).collect();
+        let offsets = log.append(&batch).unwrap();
+        store.apply(&batch, *offsets.last().unwrap()).unwrap();
+    }
+    store.flush().unwrap();
 }
 
 fn bench_options() -> RocksOptions {
@@ -183,24 +172,12 @@ fn main() {
     let mut store = RocksStore::open(dir.join("db"), &opts).unwrap();
     let main_log = bench_log(&dir.join("log-main"), "main");
     ensure_follows(&mut store, &ChangelogBinding::of(&main_log).unwrap()).unwrap();
-    let ((), load) = timed(|| {
-        let mut batch = Vec::with_capacity(1000);
-        for i in 0..keys {
-            batch.push(Record::put(key(i), value(i)));
-            if batch.len() == 1000 {
-                log_and_apply(&main_log, &mut store, &batch);
-                batch.clear();
-            }
-        }
-        if !batch.is_empty() {
-            log_and_apply(&main_log, &mut store, &batch);
-        }
-        store.flush().unwrap();
-    });
+    let all = (0..keys).map(|i| Record::put(key(i), value(i)));
+    let ((), load_time) = timed(|| load(&main_log, &mut store, all));
     let db_bytes = du(&dir.join("db"));
     println!(
         "loaded {keys} keys x 100 B in {:.1}s; store {:.1} MB on disk",
-        secs(load),
+        secs(load_time),
         mb(db_bytes)
     );
 
@@ -238,20 +215,11 @@ fn main() {
     });
 
     // ---------------------------------------------------------- 1 % change
-    let changed = keys / 100;
-    let mut batch = Vec::with_capacity(1000);
-    for j in 0..changed {
+    let changed = (0..keys / 100).map(|j| {
         let i = j.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys;
-        batch.push(Record::put(key(i), value(i ^ 0xdead_beef)));
-        if batch.len() == 1000 {
-            log_and_apply(&main_log, &mut store, &batch);
-            batch.clear();
-        }
-    }
-    if !batch.is_empty() {
-        log_and_apply(&main_log, &mut store, &batch);
-    }
-    store.flush().unwrap();
+        Record::put(key(i), value(i ^ 0xdead_beef))
+    });
+    load(&main_log, &mut store, changed);
     let (inc, ours_inc) = rt.block_on(snap(&format, &store, &repo, "main", &main_log, Some(&full)));
     let ((), be_inc) = timed(|| be.create_new_backup_flush(store.db(), true).unwrap());
     let be_inc_bytes = du(&be_dir) - be_full_bytes;
@@ -292,18 +260,17 @@ fn main() {
         let blob = statesnap::repo::paths::blob(&inc.store_key, &f.blake3);
         std::fs::copy(repo_dir.join(blob.as_ref()), cp_src.join(&f.path)).unwrap();
     }
+    // Restores snapshot `m` into `r_ours` (timed).
+    let restore_ours = |m: &Manifest| {
+        let ctx = RestoreContext {
+            repo: &repo,
+            target: &r_ours,
+        };
+        timed(|| rt.block_on(format.restore(m, ctx)).unwrap())
+    };
     for run in 0..3 {
         let _ = std::fs::remove_dir_all(&r_ours);
-        let ((restored, rstats), d) = timed(|| {
-            rt.block_on(format.restore(
-                &inc,
-                RestoreContext {
-                    repo: &repo,
-                    target: &r_ours,
-                },
-            ))
-            .unwrap()
-        });
+        let ((restored, rstats), d) = restore_ours(&inc);
         assert_eq!(rstats.bytes_downloaded, inc_total);
         drop(restored);
         ours_runs.push(d);
@@ -367,16 +334,7 @@ fn main() {
         target: "(info)".into(),
     });
     // Local-first: restore the full snapshot over the incremental's target.
-    let ((restored, lstats), local_restore) = timed(|| {
-        rt.block_on(format.restore(
-            &full,
-            RestoreContext {
-                repo: &repo,
-                target: &r_ours,
-            },
-        ))
-        .unwrap()
-    });
+    let ((restored, lstats), local_restore) = restore_ours(&full);
     drop(restored);
     println!(
         "local-first restore of the full snapshot over the incremental's directory: {:.2}s, \

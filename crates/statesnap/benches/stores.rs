@@ -5,20 +5,63 @@
 //! Size: `STATESNAP_BENCH_RECORDS` (default 2 000 000) records of 100-byte
 //! values over `STATESNAP_BENCH_KEYS` (default records / 10) keys.
 
-use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+mod common;
+
+use criterion::measurement::WallTime;
+use criterion::{
+    BatchSize, BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main,
+};
 use std::time::Duration;
 
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogId, Record};
+use statesnap::changelog::file::FsyncPolicy;
+use statesnap::changelog::{Changelog, Record};
 use statesnap::restore::{ReplayOptions, replay};
 use statesnap::store::StateStore;
 use statesnap::store::memory::MemoryStore;
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+use common::env_u64;
+
+/// Applies `data`, batch `i` at offset `i`.
+fn apply_all(s: &mut dyn StateStore, data: &[Vec<Record>]) {
+    for (i, batch) in data.iter().enumerate() {
+        s.apply(batch, i as u64).expect("apply");
+    }
+}
+
+/// A full replay of `log` into `s`.
+fn replay_all(s: &mut dyn StateStore, log: &dyn Changelog) {
+    replay(s, log, &ReplayOptions::default(), &mut |_| {}).expect("replay");
+}
+
+/// Benches `work` on a new, empty store of each type, named
+/// `name("memory")` and `name("rocksdb")`. The stores are created and
+/// dropped outside the timing.
+fn on_each_store(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: impl Fn(&str) -> String,
+    work: impl Fn(&mut dyn StateStore),
+) {
+    g.bench_function(name("memory"), |b| {
+        b.iter_batched(
+            MemoryStore::new,
+            |mut s| {
+                work(&mut s);
+                s
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    #[cfg(feature = "rocksdb")]
+    g.bench_function(name("rocksdb"), |b| {
+        b.iter_batched(
+            common::temp_rocks,
+            |(dir, mut s)| {
+                work(&mut s);
+                (dir, s)
+            },
+            BatchSize::PerIteration,
+        )
+    });
 }
 
 fn batches(records: u64, keys: u64, batch: u64) -> Vec<Vec<Record>> {
@@ -44,37 +87,11 @@ fn apply_throughput(c: &mut Criterion) {
     let mut g = c.benchmark_group("apply");
     g.sample_size(10).measurement_time(Duration::from_secs(5));
     g.throughput(Throughput::Elements(200_000));
-    g.bench_function("memory/batch=1000", |b| {
-        b.iter_batched(
-            MemoryStore::new,
-            |mut s| {
-                for (i, batch) in data.iter().enumerate() {
-                    s.apply(batch, i as u64).expect("apply");
-                }
-                s
-            },
-            BatchSize::PerIteration,
-        )
-    });
-    #[cfg(feature = "rocksdb")]
-    g.bench_function("rocksdb/batch=1000", |b| {
-        use statesnap::store::rocks::{RocksOptions, RocksStore};
-        b.iter_batched(
-            || {
-                let dir = tempfile::tempdir().expect("tempdir");
-                let s = RocksStore::open(dir.path().join("db"), &RocksOptions::default())
-                    .expect("open");
-                (dir, s)
-            },
-            |(dir, mut s)| {
-                for (i, batch) in data.iter().enumerate() {
-                    s.apply(batch, i as u64).expect("apply");
-                }
-                (dir, s)
-            },
-            BatchSize::PerIteration,
-        )
-    });
+    on_each_store(
+        &mut g,
+        |store| format!("{store}/batch=1000"),
+        |s| apply_all(s, &data),
+    );
     g.finish();
 }
 
@@ -83,9 +100,7 @@ fn replay_throughput(c: &mut Criterion) {
     let keys = env_u64("STATESNAP_BENCH_KEYS", (records / 10).max(1));
     let data = batches(records, keys, 10_000);
     let dir = tempfile::tempdir().expect("tempdir");
-    let id = ChangelogId::for_store("bench", "replay", 0).expect("id");
-    let log = FileChangelog::open(dir.path().join("log"), id, FileChangelogOptions::default())
-        .expect("open log");
+    let log = common::file_log(&dir.path().join("log"), "replay", FsyncPolicy::EveryBatch);
     for b in &data {
         log.append(b).expect("append");
     }
@@ -94,43 +109,17 @@ fn replay_throughput(c: &mut Criterion) {
     let mut g = c.benchmark_group(format!("replay/{records}x100B/{keys}keys"));
     g.sample_size(10).measurement_time(Duration::from_secs(10));
     g.throughput(Throughput::Elements(records));
-    g.bench_function("file->memory", |b| {
-        b.iter_batched(
-            MemoryStore::new,
-            |mut s| {
-                replay(&mut s, &log, &ReplayOptions::default(), &mut |_| {}).expect("replay");
-                s
-            },
-            BatchSize::PerIteration,
-        )
-    });
+    on_each_store(
+        &mut g,
+        |store| format!("file->{store}"),
+        |s| replay_all(s, &log),
+    );
     #[cfg(feature = "rocksdb")]
     {
-        use statesnap::store::rocks::{RocksOptions, RocksStore};
-        g.bench_function("file->rocksdb", |b| {
-            b.iter_batched(
-                || {
-                    let d = tempfile::tempdir().expect("tempdir");
-                    let s = RocksStore::open(d.path().join("db"), &RocksOptions::default())
-                        .expect("open");
-                    (d, s)
-                },
-                |(d, mut s)| {
-                    replay(&mut s, &log, &ReplayOptions::default(), &mut |_| {}).expect("replay");
-                    (d, s)
-                },
-                BatchSize::PerIteration,
-            )
-        });
         // The baseline: the same records straight into RocksDB, same options.
         g.bench_function("direct-writebatch->rocksdb", |b| {
             b.iter_batched(
-                || {
-                    let d = tempfile::tempdir().expect("tempdir");
-                    let s = RocksStore::open(d.path().join("db"), &RocksOptions::default())
-                        .expect("open");
-                    (d, s)
-                },
+                common::temp_rocks,
                 |(d, s)| {
                     let mut wo = rocksdb::WriteOptions::default();
                     wo.set_sync(false);

@@ -338,6 +338,28 @@ impl StoreFormat for LogFileFormat {
     }
 }
 
+/// Prints what snapshot `m`, written with `format`, holds and uploaded.
+fn report(format: &str, m: &Manifest) {
+    println!(
+        "{format}: snapshot {} at offset {} ({} file(s), {} bytes uploaded)",
+        m.snapshot_id,
+        m.changelog.offset,
+        m.files.len(),
+        m.stats.bytes_uploaded
+    );
+}
+
+/// Restores snapshot `m` alone (no changelog replay) with `format` into
+/// `target`.
+async fn restore_into<F: StoreFormat>(
+    format: &F,
+    m: &Manifest,
+    repo: &Repository,
+    target: &Path,
+) -> Result<(F::Store, RestoreStats)> {
+    format.restore(m, RestoreContext { repo, target }).await
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let tmp = tempfile::tempdir().map_err(|e| io("create temp dir", Path::new("/tmp"), e))?;
@@ -383,22 +405,9 @@ async fn main() -> Result<()> {
         None,
     )
     .await?;
-    println!(
-        "own format: snapshot {} at offset {} ({} file, {} bytes uploaded)",
-        m.snapshot_id,
-        m.changelog.offset,
-        m.files.len(),
-        m.stats.bytes_uploaded
-    );
-    let (restored, stats) = LogFileFormat
-        .restore(
-            &m,
-            RestoreContext {
-                repo: &repo,
-                target: &tmp.path().join("restored-own"),
-            },
-        )
-        .await?;
+    report("own format", &m);
+    let target = tmp.path().join("restored-own");
+    let (restored, stats) = restore_into(&LogFileFormat, &m, &repo, &target).await?;
     println!(
         "own format: restored {} keys at offset {:?} ({} bytes downloaded); the key written after the cut is {}",
         restored.index.len(),
@@ -423,22 +432,9 @@ async fn main() -> Result<()> {
         None,
     )
     .await?;
-    println!(
-        "portable: snapshot {} at offset {} ({} chunk(s), {} bytes uploaded)",
-        pm.snapshot_id,
-        pm.changelog.offset,
-        pm.files.len(),
-        pm.stats.bytes_uploaded
-    );
-    let (mem, _) = PortableFormat::memory()
-        .restore(
-            &pm,
-            RestoreContext {
-                repo: &repo,
-                target: &tmp.path().join("restored-mem"),
-            },
-        )
-        .await?;
+    report("portable", &pm);
+    let target = tmp.path().join("restored-mem");
+    let (mem, _) = restore_into(&PortableFormat::memory(), &pm, &repo, &target).await?;
     let same = mem
         .iter()?
         .map(|kv| kv.map(|(k, _)| k))

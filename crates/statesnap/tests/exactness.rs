@@ -142,12 +142,7 @@ fn a_memory_store_follows_one_changelog_for_life() {
         .unwrap();
     let err = LoggedStore::new(store.clone(), recreated).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
-    let other = FileChangelog::open(
-        dir.path().join("b"),
-        ChangelogId::for_store("app", "other", 0).unwrap(),
-        FileChangelogOptions::default(),
-    )
-    .unwrap();
+    let other = common::file_log(&dir.path().join("b"), "app", "other");
     other
         .append(&[statesnap::changelog::Record::put("z", "1")])
         .unwrap();
@@ -287,21 +282,12 @@ async fn a_snapshot_flushes_the_changelog_before_its_manifest_is_committed() {
 async fn a_cut_is_only_committed_against_its_own_changelog() {
     use statesnap::format::StoreFormat;
     use statesnap::format::portable::PortableFormat;
-    use statesnap::repo::{Repository, StoreKey};
+    use statesnap::repo::StoreKey;
     let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::from_store(
-        std::sync::Arc::new(object_store::memory::InMemory::new()),
-        "",
-    )
-    .unwrap();
+    let (repo, _) = common::memory_repo();
     let sk = StoreKey::new("app", "counts", 0).unwrap();
     let a = open_log(&dir.path().join("a"));
-    let b = FileChangelog::open(
-        dir.path().join("b"),
-        ChangelogId::for_store("app", "other", 0).unwrap(),
-        FileChangelogOptions::default(),
-    )
-    .unwrap();
+    let b = common::file_log(&dir.path().join("b"), "app", "other");
     for _ in 0..3 {
         b.append(&[statesnap::changelog::Record::put("x", "y")])
             .unwrap();
@@ -310,34 +296,23 @@ async fn a_cut_is_only_committed_against_its_own_changelog() {
     s.put("k", "v");
     s.commit().unwrap();
     let format = PortableFormat::memory();
-    let err = statesnap::snapshot::commit_snapshot(
-        &format,
-        format.capture(s.store()).unwrap(),
-        &repo,
-        &sk,
-        &b,
-        None,
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
     // A store that was written without a binding.
     let mut unbound = MemoryStore::new();
     unbound
         .apply(&[statesnap::changelog::Record::put("k", "v")], 0)
         .unwrap();
-    let err = statesnap::snapshot::commit_snapshot(
-        &format,
-        format.capture(&unbound).unwrap(),
-        &repo,
-        &sk,
-        &a,
-        None,
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
-    assert!(err.message().contains("no changelog binding"), "{err}");
+    let cases: [(_, &FileChangelog, &str); 2] = [
+        (s.store(), &b, "the cut follows another changelog"),
+        (&unbound, &a, "no changelog binding"),
+    ];
+    for (store, log, why) in cases {
+        let cut = format.capture(store).unwrap();
+        let err = statesnap::snapshot::commit_snapshot(&format, cut, &repo, &sk, log, None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
+        assert!(err.message().contains(why), "{err}");
+    }
     assert!(repo.list_snapshots(&sk).await.unwrap().snapshots.is_empty());
 }
 
@@ -349,16 +324,14 @@ async fn a_cut_is_only_committed_against_its_own_changelog() {
 /// nothing, and no new snapshot builds on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_of_history_the_log_lost_is_never_restored() {
-    use statesnap::format::StoreFormat;
+    use common::{restore_latest, snapshot};
     use statesnap::format::portable::PortableFormat;
+    use statesnap::repo::StoreKey;
     use statesnap::repo::retention::{self, DropReason, RetentionPolicy};
-    use statesnap::repo::{Repository, StoreKey};
-    use statesnap::restore::{RestoreOptions, restore_store};
-    use statesnap::snapshot::commit_snapshot;
 
     let dir = tempfile::tempdir().unwrap();
     let log_dir = dir.path().join("log");
-    let repo = Repository::from_store(Arc::new(object_store::memory::InMemory::new()), "").unwrap();
+    let (repo, _) = common::memory_repo();
     let sk = StoreKey::new("app", "counts", 0).unwrap();
     let format = PortableFormat::memory();
 
@@ -368,55 +341,25 @@ async fn a_snapshot_of_history_the_log_lost_is_never_restored() {
     s.put("b", "1");
     s.commit().unwrap();
     let (segment, len_after_first) = log.durable_tail().unwrap();
-    let older = commit_snapshot(
-        &format,
-        format.capture(s.store()).unwrap(),
-        &repo,
-        &sk,
-        &log,
-        None,
-    )
-    .await
-    .unwrap();
+    let older = snapshot(&format, s.store(), &repo, &sk, &log, None).await;
     for k in ["c", "d", "e"] {
         s.put(k, "lost");
         s.commit().unwrap();
     }
-    let lost = commit_snapshot(
-        &format,
-        format.capture(s.store()).unwrap(),
-        &repo,
-        &sk,
-        &log,
-        Some(&older),
-    )
-    .await
-    .unwrap();
+    let lost = snapshot(&format, s.store(), &repo, &sk, &log, Some(&older)).await;
     assert_eq!(lost.changelog.offset, 4);
     assert_eq!(lost.changelog.epoch, Some(1));
     drop(s);
     drop(log);
 
     // The disk keeps only what the first commit wrote.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap()
-        .set_len(len_after_first)
-        .unwrap();
+    common::set_len(&segment, len_after_first);
     let log = open_log(&log_dir);
     assert_eq!(log.end_offset().unwrap(), 2);
     // Another store instance writes offsets 2..=4 again, with other records.
-    let (store, _) = restore_store(
-        &format,
-        &repo,
-        &sk,
-        &log,
-        &dir.path().join("s1"),
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let (store, _) = restore_latest(&format, &repo, &sk, &log, &dir.path().join("s1"))
+        .await
+        .unwrap();
     let mut s = LoggedStore::new(store, &log).unwrap();
     for k in ["x", "y", "z"] {
         s.put(k, "new");
@@ -426,16 +369,9 @@ async fn a_snapshot_of_history_the_log_lost_is_never_restored() {
     assert_eq!(log.epoch_at(4).unwrap(), Some(2));
 
     // Restore skips the lost snapshot, although its offset is in the log.
-    let (store, report) = restore_store(
-        &format,
-        &repo,
-        &sk,
-        &log,
-        &dir.path().join("s2"),
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let (store, report) = restore_latest(&format, &repo, &sk, &log, &dir.path().join("s2"))
+        .await
+        .unwrap();
     assert_eq!(report.snapshot, Some(older.snapshot_id));
     let skipped = report
         .skipped
@@ -463,16 +399,7 @@ async fn a_snapshot_of_history_the_log_lost_is_never_restored() {
     );
 
     // A new snapshot never takes the lost one as its parent.
-    let next = commit_snapshot(
-        &format,
-        format.capture(s.store()).unwrap(),
-        &repo,
-        &sk,
-        &log,
-        Some(&lost),
-    )
-    .await
-    .unwrap();
+    let next = snapshot(&format, s.store(), &repo, &sk, &log, Some(&lost)).await;
     assert_eq!(next.parent, None);
     assert_eq!(next.changelog.epoch, Some(2));
 }

@@ -5,14 +5,14 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use common::{Kv, apply_to, set_len};
+
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use proptest::prelude::*;
 use statesnap::ErrorKind;
 use statesnap::changelog::file::{
@@ -80,6 +80,15 @@ fn log_files(dir: &Path) -> Vec<PathBuf> {
 
 fn flip_byte(path: &Path, at: u64) {
     common::flip_file_byte(path, at, 0x5a);
+}
+
+/// A closed log in a new directory holding records `0..n` in segments of
+/// `segment_bytes`, and its segment files (oldest first).
+fn closed_log(segment_bytes: u64, n: u64) -> (tempfile::TempDir, Vec<PathBuf>) {
+    let dir = tempfile::tempdir().unwrap();
+    fill(&open(dir.path(), segment_bytes).unwrap(), n);
+    let files = log_files(dir.path());
+    (dir, files)
 }
 
 #[test]
@@ -207,12 +216,7 @@ fn records_lost_below_synced_data_come_back_under_a_new_epoch() {
     assert_eq!(epochs_on_disk(dir.path()), vec![(1, 0), (2, 2)]);
 
     // The disk gives back only the first two records (plus half a frame).
-    OpenOptions::new()
-        .write(true)
-        .open(&seg)
-        .unwrap()
-        .set_len(len_after_two + 7)
-        .unwrap();
+    set_len(&seg, len_after_two + 7);
     let log = FileChangelog::open(dir.path(), id(), FileChangelogOptions::default()).unwrap();
     assert_eq!(log.end_offset().unwrap(), 2);
     assert_eq!(log.epoch_at(1).unwrap(), Some(1));
@@ -345,21 +349,10 @@ fn segments_roll_by_size_and_are_named_by_base_offset() {
 
 #[test]
 fn truncated_last_record_is_cut_reported_and_appends_continue() {
-    let dir = tempfile::tempdir().unwrap();
-    drop({
-        let log = open(dir.path(), HEADER + 10 * REC_LEN).unwrap();
-        fill(&log, 25);
-        log
-    });
-    let last = log_files(dir.path()).pop().unwrap();
+    let (dir, mut files) = closed_log(HEADER + 10 * REC_LEN, 25);
+    let last = files.pop().unwrap();
     assert!(last.ends_with("00000000000000000020.log"));
-    let len = fs::metadata(&last).unwrap().len();
-    OpenOptions::new()
-        .write(true)
-        .open(&last)
-        .unwrap()
-        .set_len(len - 7)
-        .unwrap();
+    set_len(&last, fs::metadata(&last).unwrap().len() - 7);
 
     let log = open(dir.path(), HEADER + 10 * REC_LEN).unwrap();
     let rep = log.recovery_report().expect("recovery report").clone();
@@ -380,13 +373,8 @@ fn truncated_last_record_is_cut_reported_and_appends_continue() {
 
 #[test]
 fn flipped_byte_in_the_last_record_is_cut_and_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    drop({
-        let log = open(dir.path(), 1 << 20).unwrap();
-        fill(&log, 5);
-        log
-    });
-    let seg = log_files(dir.path()).pop().unwrap();
+    let (dir, mut files) = closed_log(1 << 20, 5);
+    let seg = files.pop().unwrap();
     flip_byte(&seg, HEADER + 4 * REC_LEN + FRAME + 2); // inside the key of record 4
     let log = open(dir.path(), 1 << 20).unwrap();
     let rep = log.recovery_report().expect("recovery report");
@@ -398,13 +386,8 @@ fn flipped_byte_in_the_last_record_is_cut_and_reported() {
 
 #[test]
 fn garbage_after_valid_records_is_cut_and_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    drop({
-        let log = open(dir.path(), 1 << 20).unwrap();
-        fill(&log, 5);
-        log
-    });
-    let seg = log_files(dir.path()).pop().unwrap();
+    let (dir, mut files) = closed_log(1 << 20, 5);
+    let seg = files.pop().unwrap();
     let garbage: Vec<u8> = (0..777u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
         .collect();
@@ -423,12 +406,7 @@ fn garbage_after_valid_records_is_cut_and_reported() {
 
 #[test]
 fn torn_header_of_a_new_last_segment_is_rewritten() {
-    let dir = tempfile::tempdir().unwrap();
-    drop({
-        let log = open(dir.path(), HEADER + 5 * REC_LEN).unwrap();
-        fill(&log, 10);
-        log
-    });
+    let (dir, _) = closed_log(HEADER + 5 * REC_LEN, 10);
     // A crash while rolling: the new segment exists with half a header.
     let torn = dir.path().join("00000000000000000010.log");
     assert!(!torn.exists(), "rolling happens on the next append");
@@ -445,13 +423,8 @@ fn torn_header_of_a_new_last_segment_is_rewritten() {
 
 #[test]
 fn bad_record_followed_by_valid_ones_in_the_last_segment_is_corrupt_not_torn() {
-    let dir = tempfile::tempdir().unwrap();
-    drop({
-        let log = open(dir.path(), 1 << 20).unwrap();
-        fill(&log, 10);
-        log
-    });
-    let seg = log_files(dir.path()).pop().unwrap();
+    let (dir, mut files) = closed_log(1 << 20, 10);
+    let seg = files.pop().unwrap();
     let before = fs::read(&seg).unwrap();
     let pos = HEADER + 3 * REC_LEN;
     flip_byte(&seg, pos + FRAME + 8); // a value byte of record 3
@@ -477,14 +450,9 @@ fn bad_record_followed_by_valid_ones_in_the_last_segment_is_corrupt_not_torn() {
 
 #[test]
 fn flipped_byte_in_an_early_segment_fails_reads_of_it_but_not_of_later_segments() {
-    let dir = tempfile::tempdir().unwrap();
     let seg_bytes = HEADER + 10 * REC_LEN;
-    drop({
-        let log = open(dir.path(), seg_bytes).unwrap();
-        fill(&log, 40);
-        log
-    });
-    let first = log_files(dir.path()).remove(0);
+    let (dir, files) = closed_log(seg_bytes, 40);
+    let first = files[0].clone();
     let pos = HEADER + 6 * REC_LEN;
     flip_byte(&first, pos + FRAME + 1);
     // Closed segments are validated lazily: open succeeds...
@@ -532,30 +500,15 @@ fn read_from_seeks_with_the_index_inside_a_large_segment() {
     f.write_all_at(b"XX", HEADER + 10 * REC_LEN + FRAME)
         .unwrap();
     f.flush().unwrap();
-    let err = read_all_result(&log, 0).unwrap_err();
+    let err = common::try_read_all(&log, 0, 1000).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     check_records(&read_all(&log, n - 100, 1000), n - 100..n);
 }
 
-fn read_all_result(log: &dyn Changelog, from: u64) -> statesnap::Result<Vec<LoggedRecord>> {
-    let mut r = log.read_from(from)?;
-    let mut out = Vec::new();
-    while let Some(b) = r.next_batch(1000)? {
-        out.extend(b);
-    }
-    Ok(out)
-}
-
 #[test]
 fn a_missing_middle_segment_is_a_corrupt_gap() {
-    let dir = tempfile::tempdir().unwrap();
     let seg_bytes = HEADER + 10 * REC_LEN;
-    drop({
-        let log = open(dir.path(), seg_bytes).unwrap();
-        fill(&log, 40);
-        log
-    });
-    let files = log_files(dir.path());
+    let (dir, files) = closed_log(seg_bytes, 40);
     fs::remove_file(&files[1]).unwrap();
     let err = open(dir.path(), seg_bytes).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
@@ -570,27 +523,36 @@ fn a_missing_middle_segment_is_a_corrupt_gap() {
     );
 
     // The first segment missing is a gap too.
-    let dir = tempfile::tempdir().unwrap();
-    drop({
-        let log = open(dir.path(), seg_bytes).unwrap();
-        fill(&log, 40);
-        log
-    });
-    fs::remove_file(&log_files(dir.path())[0]).unwrap();
+    let (dir, files) = closed_log(seg_bytes, 40);
+    fs::remove_file(&files[0]).unwrap();
     let err = open(dir.path(), seg_bytes).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     assert!(err.message().contains("gap"), "{err}");
 }
 
-fn replay(log: &dyn Changelog) -> BTreeMap<Bytes, Bytes> {
-    let mut m = BTreeMap::new();
-    for r in read_all(log, 0, 4096) {
-        match r.value {
-            Some(v) => m.insert(r.key, v),
-            None => m.remove(&r.key),
-        };
-    }
-    m
+/// `state` with the records of `log` from `from` on applied.
+fn replay_onto(mut state: Kv, log: &dyn Changelog, from: u64) -> Kv {
+    apply_to(
+        &mut state,
+        read_all(log, from, 64)
+            .into_iter()
+            .map(|r| (r.key, r.value)),
+    );
+    state
+}
+
+/// The key -> value map `records` leave, applied in order.
+fn state_of(records: &[Record]) -> Kv {
+    let mut state = Kv::new();
+    apply_to(
+        &mut state,
+        records.iter().map(|r| (r.key.clone(), r.value.clone())),
+    );
+    state
+}
+
+fn replay(log: &dyn Changelog) -> Kv {
+    replay_onto(Kv::new(), log, 0)
 }
 
 fn with_clock(clock: &ManualClock, segment_bytes: u64) -> FileChangelogOptions {
@@ -600,11 +562,28 @@ fn with_clock(clock: &ManualClock, segment_bytes: u64) -> FileChangelogOptions {
     }
 }
 
-#[test]
-fn compaction_keeps_tombstones_within_retention_and_deleted_keys_stay_deleted() {
+fn open_with_clock(dir: &Path, clock: &ManualClock, segment_bytes: u64) -> FileChangelog {
+    FileChangelog::open(dir, id(), with_clock(clock, segment_bytes)).unwrap()
+}
+
+/// A new log in a new directory, on a manual clock at 1 000 s.
+fn clocked_log(segment_bytes: u64) -> (tempfile::TempDir, ManualClock, FileChangelog) {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_000_000);
-    let log = FileChangelog::open(dir.path(), id(), with_clock(&clock, 300)).unwrap();
+    let log = open_with_clock(dir.path(), &clock, segment_bytes);
+    (dir, clock, log)
+}
+
+/// Compaction that keeps tombstones for `secs` seconds.
+fn retention(secs: u64) -> CompactOptions {
+    CompactOptions {
+        delete_retention: Duration::from_secs(secs),
+    }
+}
+
+#[test]
+fn compaction_keeps_tombstones_within_retention_and_deleted_keys_stay_deleted() {
+    let (dir, clock, log) = clocked_log(300);
     for i in 0..30u64 {
         log.append(&[Record::put(format!("k{}", i % 3), format!("v{i}"))])
             .unwrap();
@@ -616,11 +595,7 @@ fn compaction_keeps_tombstones_within_retention_and_deleted_keys_stay_deleted() 
     let before = replay(&log);
     let end = log.end_offset().unwrap();
     clock.advance_ms(1000);
-    let rep = log
-        .compact(&CompactOptions {
-            delete_retention: Duration::from_secs(60),
-        })
-        .unwrap();
+    let rep = log.compact(&retention(60)).unwrap();
     assert!(rep.segments_rewritten > 0, "{rep:?}");
     assert!(rep.records_after < rep.records_before, "{rep:?}");
     assert!(rep.bytes_after < rep.bytes_before, "{rep:?}");
@@ -645,16 +620,14 @@ fn compaction_keeps_tombstones_within_retention_and_deleted_keys_stay_deleted() 
     assert_eq!(log.start_offset().unwrap(), recs[0].offset);
     // Reopen: same content, nothing to recover.
     drop(log);
-    let log = FileChangelog::open(dir.path(), id(), with_clock(&clock, 300)).unwrap();
+    let log = open_with_clock(dir.path(), &clock, 300);
     assert!(log.recovery_report().is_none());
     assert_eq!(replay(&log), before);
 }
 
 #[test]
 fn compaction_drops_expired_tombstones_and_advances_the_horizon_durably() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let log = FileChangelog::open(dir.path(), id(), with_clock(&clock, 200)).unwrap();
+    let (dir, clock, log) = clocked_log(200);
     log.append(&[Record::put("a", "1"), Record::put("b", "1")])
         .unwrap(); // 0, 1
     log.append(&[Record::delete("a")]).unwrap(); // 2: old tombstone
@@ -665,11 +638,7 @@ fn compaction_drops_expired_tombstones_and_advances_the_horizon_durably() {
     }
     let before = replay(&log);
     clock.advance_ms(20_000); // tombstone 2 is 70 s old, tombstone 3 is 20 s old
-    let rep = log
-        .compact(&CompactOptions {
-            delete_retention: Duration::from_secs(60),
-        })
-        .unwrap();
+    let rep = log.compact(&retention(60)).unwrap();
     assert_eq!(rep.horizon.tombstones_before, 3, "{rep:?}");
     assert!(rep.tombstones_dropped >= 1, "{rep:?}");
     assert_eq!(log.horizon().unwrap().tombstones_before, 3);
@@ -692,7 +661,7 @@ fn compaction_drops_expired_tombstones_and_advances_the_horizon_durably() {
         "a snapshot at 1 is stale"
     );
     drop(log);
-    let log = FileChangelog::open(dir.path(), id(), with_clock(&clock, 200)).unwrap();
+    let log = open_with_clock(dir.path(), &clock, 200);
     assert_eq!(
         log.horizon().unwrap().tombstones_before,
         3,
@@ -701,11 +670,7 @@ fn compaction_drops_expired_tombstones_and_advances_the_horizon_durably() {
     assert_eq!(replay(&log), before);
     // Later, the second tombstone expires too.
     clock.advance_ms(60_000);
-    let rep = log
-        .compact(&CompactOptions {
-            delete_retention: Duration::from_secs(60),
-        })
-        .unwrap();
+    let rep = log.compact(&retention(60)).unwrap();
     assert_eq!(rep.horizon.tombstones_before, 4, "{rep:?}");
     assert_eq!(replay(&log), before);
 }
@@ -764,14 +729,8 @@ fn a_reader_open_during_compaction_keeps_reading_the_old_segments() {
 
 #[test]
 fn a_leftover_compacting_file_is_removed_on_open() {
-    let dir = tempfile::tempdir().unwrap();
-    drop({
-        let log = open(dir.path(), HEADER + 5 * REC_LEN).unwrap();
-        fill(&log, 12);
-        log
-    });
-    let first = log_files(dir.path()).remove(0);
-    let leftover = first.with_extension("log.compacting");
+    let (dir, files) = closed_log(HEADER + 5 * REC_LEN, 12);
+    let leftover = files[0].with_extension("log.compacting");
     fs::write(&leftover, b"half a compacted segment").unwrap();
     fs::write(dir.path().join("changelog.json.tmp"), b"{half").unwrap();
     let log = open(dir.path(), HEADER + 5 * REC_LEN).unwrap();
@@ -879,12 +838,16 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn to_record(k: u8, v: Option<u8>) -> Record {
-    let key = format!("key{k}");
-    match v {
-        Some(v) => Record::put(key, vec![v; usize::from(v % 40)]),
-        None => Record::delete(key),
-    }
+/// The records of an `Op::Append`: `v` is a put of `v % 40` bytes `v`.
+fn to_batch(recs: Vec<(u8, Option<u8>)>) -> Vec<Record> {
+    let to_record = |(k, v): (u8, Option<u8>)| {
+        let key = format!("key{k}");
+        match v {
+            Some(v) => Record::put(key, vec![v; usize::from(v % 40)]),
+            None => Record::delete(key),
+        }
+    };
+    recs.into_iter().map(to_record).collect()
 }
 
 proptest! {
@@ -900,7 +863,7 @@ proptest! {
             let l = log.as_ref().unwrap();
             match op {
                 Op::Append(recs) => {
-                    let batch: Vec<Record> = recs.into_iter().map(|(k, v)| to_record(k, v)).collect();
+                    let batch = to_batch(recs);
                     let offsets = l.append(&batch).unwrap();
                     let want: Vec<u64> = (model.len() as u64..(model.len() + batch.len()) as u64).collect();
                     prop_assert_eq!(offsets, want);
@@ -937,20 +900,14 @@ proptest! {
         let clock = ManualClock::new(0);
         let o = with_clock(&clock, seg);
         let mut log = Some(FileChangelog::open(dir.path(), id(), o.clone()).unwrap());
-        let mut model: BTreeMap<Bytes, Bytes> = BTreeMap::new();
-        let mut history: Vec<Record> = Vec::new();
+        // Every record appended, at its offset.
+        let mut history = Vec::new();
         for op in ops {
             let l = log.as_ref().unwrap();
             match op {
                 Op::Append(recs) => {
-                    let batch: Vec<Record> = recs.into_iter().map(|(k, v)| to_record(k, v)).collect();
+                    let batch = to_batch(recs);
                     l.append(&batch).unwrap();
-                    for r in &batch {
-                        match &r.value {
-                            Some(v) => model.insert(r.key.clone(), v.clone()),
-                            None => model.remove(&r.key),
-                        };
-                    }
                     history.extend(batch);
                 }
                 Op::Reopen => {
@@ -966,6 +923,7 @@ proptest! {
                 Op::Read(_) => {}
             }
             let l = log.as_ref().unwrap();
+            let model = state_of(&history);
             prop_assert_eq!(replay(l), model.clone());
             prop_assert_eq!(l.end_offset().unwrap(), history.len() as u64);
             // Every surviving record is the one appended at its offset.
@@ -986,19 +944,7 @@ proptest! {
             let mut points: Vec<u64> = (0..=8u64).map(|i| h + (end.saturating_sub(h)) * i / 8).collect();
             points.dedup();
             for o in points {
-                let mut state: BTreeMap<Bytes, Bytes> = BTreeMap::new();
-                for r in &history[..o as usize] {
-                    match &r.value {
-                        Some(v) => state.insert(r.key.clone(), v.clone()),
-                        None => state.remove(&r.key),
-                    };
-                }
-                for r in read_all(l, o, 64) {
-                    match r.value {
-                        Some(v) => state.insert(r.key, v),
-                        None => state.remove(&r.key),
-                    };
-                }
+                let state = replay_onto(state_of(&history[..o as usize]), l, o);
                 prop_assert_eq!(&state, &model, "resume from offset {} (horizon {})", o, h);
             }
         }
@@ -1022,12 +968,7 @@ fn a_reader_that_failed_mid_batch_never_skips_records_afterwards() {
     let mut r = log.read_from(0).unwrap();
     let first = r.next_batch(10).unwrap().unwrap();
     check_records(&first, 0..10);
-    OpenOptions::new()
-        .write(true)
-        .open(&seg)
-        .unwrap()
-        .set_len(3 << 19)
-        .unwrap();
+    set_len(&seg, 3 << 19);
     let err = r.next_batch(n as usize).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     fs::write(&seg, &original).unwrap(); // the file is whole again
@@ -1056,9 +997,7 @@ fn a_horizon_that_passes_a_running_replay_fails_it_stale() {
     use statesnap::store::StateStore;
     use statesnap::store::memory::MemoryStore;
 
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let log = FileChangelog::open(dir.path(), id(), with_clock(&clock, 300)).unwrap();
+    let (_dir, clock, log) = clocked_log(300);
     for i in 0..10u64 {
         log.append(&[rec(i)]).unwrap();
     }
@@ -1086,12 +1025,7 @@ fn a_horizon_that_passes_a_running_replay_fails_it_stale() {
         &mut |_| {
             if compacted.is_none() {
                 clock.advance_ms(2 * 60 * 60 * 1000);
-                compacted = Some(
-                    log.compact(&CompactOptions {
-                        delete_retention: Duration::from_secs(60 * 60),
-                    })
-                    .unwrap(),
-                );
+                compacted = Some(log.compact(&retention(60 * 60)).unwrap());
             }
         },
     )
@@ -1145,11 +1079,8 @@ fn a_read_only_handle_reads_a_log_a_writer_holds() {
     // A torn tail: the reader stops before it and leaves the file as it is.
     let last = reader.segment_paths().unwrap().pop().unwrap();
     drop(reader);
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&last)
-        .unwrap();
-    std::io::Write::write_all(&mut f, b"\x07\x00\x00garbage").unwrap();
+    let mut f = OpenOptions::new().append(true).open(&last).unwrap();
+    f.write_all(b"\x07\x00\x00garbage").unwrap();
     let len = std::fs::metadata(&last).unwrap().len();
     let reader = FileChangelog::open_read_only(dir.path(), id()).unwrap();
     assert_eq!(reader.end_offset().unwrap(), 51);

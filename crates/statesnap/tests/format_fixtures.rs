@@ -5,9 +5,9 @@
 //!
 //! Fixtures live in `tests/fixtures/manifest/` and
 //! `tests/fixtures/file_changelog/`; they were written by this code. Regenerate
-//! them with `STATESNAP_WRITE_FIXTURES=1` only when a format version changes,
-//! and then add new files next to the old ones: old fixtures must keep
-//! loading.
+//! them (`cargo test --test format_fixtures -- --ignored write_`) only when a
+//! format version changes, and then add new files next to the old ones: old
+//! fixtures must keep loading.
 #![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
@@ -29,10 +29,6 @@ fn fixtures(sub: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(sub)
-}
-
-fn write_fixtures_requested() -> bool {
-    std::env::var_os("STATESNAP_WRITE_FIXTURES").is_some()
 }
 
 // ---------------------------------------------------------------- manifest v1
@@ -175,10 +171,8 @@ fn manifest_bad_fixtures() -> Vec<(&'static str, Vec<u8>, ErrorKind, &'static st
 }
 
 #[test]
+#[ignore = "rewrites tests/fixtures/manifest: run it (--ignored) only when the manifest format changes"]
 fn write_manifest_fixtures_when_asked() {
-    if !write_fixtures_requested() {
-        return;
-    }
     let dir = fixtures("manifest");
     std::fs::create_dir_all(&dir).unwrap();
     for (name, m) in manifest_fixtures() {
@@ -359,10 +353,9 @@ fn write_file_changelog_fixtures(out: &Path) {
 }
 
 #[test]
+#[ignore = "rewrites tests/fixtures/file_changelog: run it (--ignored) only when a file changelog format changes"]
 fn write_file_changelog_fixtures_when_asked() {
-    if write_fixtures_requested() {
-        write_file_changelog_fixtures(&fixtures("file_changelog"));
-    }
+    write_file_changelog_fixtures(&fixtures("file_changelog"));
 }
 
 /// A log directory made of the segment fixture and the metadata fixture

@@ -10,10 +10,12 @@
 #![cfg(feature = "kafka")]
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
-use std::collections::BTreeMap;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,17 +25,25 @@ use statesnap::changelog::kafka::{
     KafkaChangelog, KafkaOptions, LineageSource, NonCompactedPolicy,
 };
 use statesnap::changelog::{Changelog, ChangelogId, ChangelogReader, LoggedRecord, Record};
-use statesnap::clock::{ManualClock, SharedClock, system_clock};
+use statesnap::clock::{ManualClock, system_clock};
 use statesnap::restore::{ReplayOptions, replay};
+use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
-use statesnap::store::{StateStore, StateStoreExt};
+
+use common::{Kv, contents, replayed, try_read_all, write_both};
 
 fn required() -> bool {
     std::env::var("STATESNAP_REQUIRE_KAFKA").is_ok_and(|v| v == "1")
 }
 
-fn env_or_skip(var: &str, test: &str) -> Option<String> {
+/// `var`'s value; unset, the running test is skipped (loudly), or fails
+/// when `STATESNAP_REQUIRE_KAFKA=1`.
+fn env_or_skip(var: &str) -> Option<String> {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a kafka test")
+        .to_owned();
     match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => Some(v),
         _ => {
@@ -59,8 +69,37 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn bootstrap(test: &str) -> Option<String> {
-    env_or_skip("STATESNAP_TEST_KAFKA_BOOTSTRAP", test)
+/// The shared broker (`STATESNAP_TEST_KAFKA_BOOTSTRAP`), held by one test
+/// at a time.
+struct SharedBroker {
+    bootstrap: String,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+/// The shared broker for the running test; `None` (the test skips) when
+/// there is none.
+fn shared_broker() -> Option<SharedBroker> {
+    let bootstrap = env_or_skip("STATESNAP_TEST_KAFKA_BOOTSTRAP")?;
+    Some(SharedBroker {
+        bootstrap,
+        _serial: serial(),
+    })
+}
+
+impl SharedBroker {
+    fn options(&self) -> KafkaOptions {
+        options(&self.bootstrap)
+    }
+
+    /// A changelog on a topic no other test or run uses, and its id (to
+    /// open it again).
+    fn open_fresh(&self, store: &str) -> (ChangelogId, KafkaChangelog) {
+        let id = fresh_id(store);
+        (
+            id.clone(),
+            KafkaChangelog::open(id, self.options()).unwrap(),
+        )
+    }
 }
 
 /// A topic name no other test or run uses.
@@ -76,12 +115,71 @@ fn options(bootstrap: &str) -> KafkaOptions {
 }
 
 fn read_all(log: &dyn Changelog, from: u64) -> Vec<LoggedRecord> {
-    let mut r = log.read_from(from).unwrap();
-    let mut out = Vec::new();
-    while let Some(b) = r.next_batch(1000).unwrap() {
-        out.extend(b);
+    statesnap::conformance::changelog::read_all(log, from, 1000)
+}
+
+fn records(logged: Vec<LoggedRecord>) -> Vec<Record> {
+    logged.into_iter().map(LoggedRecord::into_record).collect()
+}
+
+/// `got` holds the first `got.len()` records of `batch` (keys and values).
+fn assert_prefix_of(got: &[LoggedRecord], batch: &[Record]) {
+    assert!(got.len() <= batch.len(), "{} > {}", got.len(), batch.len());
+    for (g, r) in got.iter().zip(batch) {
+        assert_eq!((&g.key, &g.value), (&r.key, &r.value), "record {:?}", r.key);
     }
-    out
+}
+
+/// Calls `f` until it succeeds, at most 20 times 250 ms apart, as long as it
+/// fails `transient` (any other kind fails the test); `Err` holds the last
+/// error when it never succeeded.
+fn retry_transient<T>(mut f: impl FnMut() -> statesnap::Result<T>) -> Result<T, String> {
+    let mut last_error = String::new();
+    for _ in 0..20 {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+                eprintln!("transient failure (retrying): {e:?}");
+                last_error = format!("{e:?}");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    }
+    Err(last_error)
+}
+
+type KafkaStore = LoggedStore<MemoryStore, KafkaChangelog>;
+
+/// `n` commits of one put each (`k{i % keys}` = `v{i}`), mirrored in `model`.
+fn commit_puts(store: &mut KafkaStore, model: &mut Kv, n: u32, keys: u32) {
+    for i in 0..n {
+        let (k, v) = (format!("k{}", i % keys), format!("v{i}"));
+        write_both(store, model, k.into(), Some(v.into()));
+        store.commit().unwrap();
+    }
+}
+
+/// Puts `during-outage` while the broker (`servers`) is down: the commit
+/// fails `transient` naming the servers, applies nothing, and keeps the
+/// write pending for a retry.
+fn a_commit_fails_during_the_outage(store: &mut KafkaStore, servers: &str) {
+    let applied = store.store().applied_offset().unwrap();
+    store.put("during-outage", "x");
+    let err = store.commit().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(err.to_string().contains(servers), "{err}");
+    assert_eq!(
+        store.store().applied_offset().unwrap(),
+        applied,
+        "nothing applied to the store"
+    );
+    assert_eq!(store.store().get(b"during-outage").unwrap(), None);
+    assert_eq!(
+        store.pending_len(),
+        1,
+        "the failed writes stay pending for a retry"
+    );
 }
 
 fn free_port() -> u16 {
@@ -92,22 +190,30 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A broker process this test owns, on its own port and data dir.
+/// A broker process this test owns, on its own port and data dir. It holds
+/// the lock that runs Kafka tests one at a time.
 struct OwnBroker {
     template: String,
     port: u16,
-    dir: std::path::PathBuf,
+    dir: tempfile::TempDir,
     child: Option<Child>,
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl OwnBroker {
-    fn new(template: String, dir: &Path) -> Self {
-        OwnBroker {
+    /// Starts a broker from `STATESNAP_TEST_KAFKA_CMD`; `None` (the test
+    /// skips) when it is unset.
+    fn start_own() -> Option<Self> {
+        let template = env_or_skip("STATESNAP_TEST_KAFKA_CMD")?;
+        let mut broker = OwnBroker {
             template,
             port: free_port(),
-            dir: dir.to_owned(),
+            _serial: serial(),
+            dir: tempfile::tempdir().unwrap(),
             child: None,
-        }
+        };
+        broker.start();
+        Some(broker)
     }
 
     fn bootstrap(&self) -> String {
@@ -118,17 +224,17 @@ impl OwnBroker {
         let line = self
             .template
             .replace("{port}", &self.port.to_string())
-            .replace("{dir}", &self.dir.display().to_string());
+            .replace("{dir}", &self.dir.path().display().to_string());
         let mut parts = line.split_whitespace();
         let prog = parts.next().unwrap();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join("broker.log"))
+            .open(self.dir.path().join("broker.log"))
             .unwrap();
         let child = Command::new(prog)
             .args(parts)
-            .current_dir(&self.dir)
+            .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -140,7 +246,7 @@ impl OwnBroker {
             assert!(
                 Instant::now() < deadline,
                 "own broker did not start; see {}/broker.log",
-                self.dir.display()
+                self.dir.path().display()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -148,7 +254,7 @@ impl OwnBroker {
 
     /// The last lines of the broker's log, for failure messages.
     fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default();
+        let log = std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         // Panics first (a broker task that died explains what follows), then the end.
         let panics = lines.iter().filter(|l| l.contains("panicked")).take(5);
@@ -172,15 +278,14 @@ impl Drop for OwnBroker {
 
 #[test]
 fn append_returns_consecutive_offsets_and_reads_them_back() {
-    let Some(b) = bootstrap("append_returns_consecutive_offsets_and_reads_them_back") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
     let now = system_clock().now_ms();
     let clock = ManualClock::new(now);
     let log = KafkaChangelog::open(
         fresh_id("basic"),
-        options(&b).clock(Arc::new(clock.clone())),
+        b.options().clock(Arc::new(clock.clone())),
     )
     .unwrap();
     assert_eq!(log.cleanup_policy(), "compact");
@@ -209,9 +314,9 @@ fn append_returns_consecutive_offsets_and_reads_them_back() {
     assert!(log.start_offset().unwrap() <= end0);
 
     let got = read_all(&log, 0);
-    let recs: Vec<Record> = got.iter().cloned().map(LoggedRecord::into_record).collect();
     assert_eq!(
-        recs, batch,
+        records(got.clone()),
+        batch,
         "tombstones stay tombstones, empty values stay empty"
     );
     assert_eq!(got.iter().map(|r| r.offset).collect::<Vec<_>>(), offsets);
@@ -260,12 +365,10 @@ fn append_returns_consecutive_offsets_and_reads_them_back() {
 /// new owner's store stays exact.
 #[test]
 fn a_new_writer_fences_the_previous_one_before_it_writes_again() {
-    let Some(b) = bootstrap("a_new_writer_fences_the_previous_one_before_it_writes_again") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
-    let id = fresh_id("fence");
-    let old = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let (id, old) = b.open_fresh("fence");
     let mut zombie = LoggedStore::new(MemoryStore::new(), &old).unwrap();
     zombie.put("k", "old-1");
     zombie.commit().unwrap();
@@ -273,7 +376,7 @@ fn a_new_writer_fences_the_previous_one_before_it_writes_again() {
     zombie.commit().unwrap();
 
     // The partition moves: the new owner claims it before its first commit.
-    let new = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let new = KafkaChangelog::open(id.clone(), b.options()).unwrap();
     new.claim_writer().unwrap();
     let end = new.end_offset().unwrap();
 
@@ -295,12 +398,8 @@ fn a_new_writer_fences_the_previous_one_before_it_writes_again() {
     assert_eq!(owner.get(b"k").unwrap().as_deref(), Some(&b"old-2"[..]));
     owner.put("k", "new-1");
     owner.commit().unwrap();
-    let got: Vec<Record> = read_all(&new, 0)
-        .into_iter()
-        .map(LoggedRecord::into_record)
-        .collect();
     assert_eq!(
-        got,
+        records(read_all(&new, 0)),
         vec![
             Record::put("k", "old-1"),
             Record::put("k", "old-2"),
@@ -310,7 +409,7 @@ fn a_new_writer_fences_the_previous_one_before_it_writes_again() {
     );
 
     // With fencing off (an explicit opt-out), a handle is never fenced.
-    let loose = KafkaChangelog::open(id, options(&b).fence_writers(false)).unwrap();
+    let loose = KafkaChangelog::open(id, b.options().fence_writers(false)).unwrap();
     loose.append(&[Record::put("y", "1")]).unwrap();
     owner.put("k", "new-2");
     owner.commit().unwrap();
@@ -319,11 +418,10 @@ fn a_new_writer_fences_the_previous_one_before_it_writes_again() {
 
 #[test]
 fn a_batch_of_ten_thousand_gets_consecutive_offsets_in_order() {
-    let Some(b) = bootstrap("a_batch_of_ten_thousand_gets_consecutive_offsets_in_order") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
-    let log = KafkaChangelog::open(fresh_id("big"), options(&b)).unwrap();
+    let (_, log) = b.open_fresh("big");
     let batch: Vec<Record> = (0..10_000u32)
         .map(|i| Record::put(format!("k{i:05}"), vec![(i % 251) as u8; 100]))
         .collect();
@@ -335,11 +433,7 @@ fn a_batch_of_ten_thousand_gets_consecutive_offsets_in_order() {
     );
     let got = read_all(&log, offsets[0]);
     assert_eq!(got.len(), 10_000);
-    assert!(
-        got.iter()
-            .zip(&batch)
-            .all(|(g, r)| g.key == r.key && g.value == r.value)
-    );
+    assert_prefix_of(&got, &batch);
 }
 
 /// Small records, one record of `mib` MiB, small records: one batch each
@@ -357,18 +451,15 @@ fn around_a_big_value(mib: u32) -> Vec<Record> {
 /// A 3 MiB value between small records reads back whole and in order.
 #[test]
 fn a_value_bigger_than_a_producer_batch_reads_back_whole() {
-    let Some(b) = bootstrap("a_value_bigger_than_a_producer_batch_reads_back_whole") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
-    let log = KafkaChangelog::open(fresh_id("big3"), options(&b)).unwrap();
+    let (_, log) = b.open_fresh("big3");
     let batch = around_a_big_value(3);
     let offsets = log.append(&batch).unwrap();
     let got = read_all(&log, offsets[0]);
     assert_eq!(got.len(), batch.len());
-    for (g, r) in got.iter().zip(&batch) {
-        assert_eq!((&g.key, &g.value), (&r.key, &r.value), "record {:?}", r.key);
-    }
+    assert_prefix_of(&got, &batch);
 }
 
 /// A 6 MiB value: Kafka serves it (a fetch returns an oversized first batch,
@@ -378,13 +469,12 @@ fn a_value_bigger_than_a_producer_batch_reads_back_whole() {
 /// nothing before it is lost.
 #[test]
 fn a_value_the_broker_may_not_serve_reads_whole_or_fails_clearly() {
-    let Some(b) = bootstrap("a_value_the_broker_may_not_serve_reads_whole_or_fails_clearly") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
     let log = KafkaChangelog::open(
         fresh_id("big6"),
-        options(&b).request_timeout(Duration::from_secs(3)),
+        b.options().request_timeout(Duration::from_secs(3)),
     )
     .unwrap();
     let batch = around_a_big_value(6);
@@ -401,9 +491,7 @@ fn a_value_the_broker_may_not_serve_reads_whole_or_fails_clearly() {
     match outcome {
         Ok(()) => {
             assert_eq!(got.len(), batch.len());
-            for (g, r) in got.iter().zip(&batch) {
-                assert_eq!((&g.key, &g.value), (&r.key, &r.value), "record {:?}", r.key);
-            }
+            assert_prefix_of(&got, &batch);
         }
         Err(e) => {
             assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
@@ -413,42 +501,28 @@ fn a_value_the_broker_may_not_serve_reads_whole_or_fails_clearly() {
             assert!(msg.contains("max.partition.fetch.bytes"), "{msg}");
             // Everything before the big record arrived, in order.
             assert_eq!(got.len(), 100);
-            for (g, r) in got.iter().zip(&batch) {
-                assert_eq!((&g.key, &g.value), (&r.key, &r.value));
-            }
+            assert_prefix_of(&got, &batch);
         }
     }
 }
 
 #[test]
 fn end_to_end_logged_store_rebuilds_from_kafka_by_full_replay() {
-    let Some(b) = bootstrap("end_to_end_logged_store_rebuilds_from_kafka_by_full_replay") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
-    let id = fresh_id("e2e");
-    let log = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let (id, log) = b.open_fresh("e2e");
     let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
-    let mut model: BTreeMap<Bytes, Bytes> = BTreeMap::new();
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut model = Kv::new();
+    let mut next = common::xorshift(0x2545_f491_4f6c_dd1d);
     let commits = 2_000;
     for c in 0..commits {
         for _ in 0..(1 + next() % 8) {
             let key = Bytes::from(format!("key-{:04}", next() % 500));
-            if next() % 5 == 0 {
-                store.delete(key.clone());
-                model.remove(&key);
-            } else {
-                let v = Bytes::from(format!("v{c}-{}", next() % 1000));
-                store.put(key.clone(), v.clone());
-                model.insert(key, v);
-            }
+            // One delete in five; a put's value draws once more.
+            let put = !next().is_multiple_of(5);
+            let value = put.then(|| Bytes::from(format!("v{c}-{}", next() % 1000)));
+            write_both(&mut store, &mut model, key, value);
         }
         store.commit().unwrap();
     }
@@ -456,50 +530,40 @@ fn end_to_end_logged_store_rebuilds_from_kafka_by_full_replay() {
     drop(store);
 
     // A new machine: empty store, same topic.
-    let log = KafkaChangelog::open(id, options(&b)).unwrap();
+    let log = KafkaChangelog::open(id, b.options()).unwrap();
     let mut fresh = MemoryStore::new();
     let report = replay(&mut fresh, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
     assert_eq!(fresh.applied_offset().unwrap(), applied);
     assert!(report.records > 0);
-    let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
-    assert_eq!(got, model);
+    assert_eq!(contents(&fresh), model);
 }
 
 #[cfg(feature = "rocksdb")]
 #[test]
 fn end_to_end_rocks_store_rebuilds_from_kafka_by_full_replay() {
     use statesnap::store::rocks::{RocksOptions, RocksStore};
-    let Some(b) = bootstrap("end_to_end_rocks_store_rebuilds_from_kafka_by_full_replay") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let id = fresh_id("e2erocks");
-    let log = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let (id, log) = b.open_fresh("e2erocks");
     let mut store = LoggedStore::new(
         RocksStore::open(dir.path().join("a"), &RocksOptions::default()).unwrap(),
         log,
     )
     .unwrap();
-    let mut model: BTreeMap<Bytes, Bytes> = BTreeMap::new();
+    let mut model = Kv::new();
     for c in 0..1_000u32 {
         let key = Bytes::from(format!("key-{:04}", (c * 7919) % 300));
-        if c % 6 == 0 {
-            store.delete(key.clone());
-            model.remove(&key);
-        } else {
-            let v = Bytes::from(format!("v{c}"));
-            store.put(key.clone(), v.clone());
-            model.insert(key, v);
-        }
+        let value = (c % 6 != 0).then(|| Bytes::from(format!("v{c}")));
+        write_both(&mut store, &mut model, key, value);
         store.commit().unwrap();
     }
     drop(store);
-    let log = KafkaChangelog::open(id, options(&b)).unwrap();
+    let log = KafkaChangelog::open(id, b.options()).unwrap();
     let mut fresh = RocksStore::open(dir.path().join("b"), &RocksOptions::default()).unwrap();
     replay(&mut fresh, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
-    let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
-    assert_eq!(got, model);
+    assert_eq!(contents(&fresh), model);
 }
 
 #[test]
@@ -528,71 +592,29 @@ fn broker_down_at_startup_is_a_transient_error_naming_the_bootstrap_servers() {
 
 #[test]
 fn broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly() {
-    let test = "broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly";
-    let Some(template) = env_or_skip("STATESNAP_TEST_KAFKA_CMD", test) else {
+    let Some(mut broker) = OwnBroker::start_own() else {
         return;
     };
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let mut broker = OwnBroker::new(template, dir.path());
-    broker.start();
-    let opts = KafkaOptions::new(broker.bootstrap())
+    let opts = options(&broker.bootstrap())
         .request_timeout(Duration::from_secs(3))
         .delivery_timeout(Duration::from_secs(3));
     let id = fresh_id("restart");
     let log = KafkaChangelog::open(id.clone(), opts.clone()).unwrap();
     let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
-    let mut model = BTreeMap::new();
-    for i in 0..100u32 {
-        let (k, v) = (
-            Bytes::from(format!("k{}", i % 30)),
-            Bytes::from(format!("v{i}")),
-        );
-        store.put(k.clone(), v.clone());
-        model.insert(k, v);
-        store.commit().unwrap();
-    }
+    let mut model = Kv::new();
+    commit_puts(&mut store, &mut model, 100, 30);
     let applied = store.store().applied_offset().unwrap();
 
     broker.stop();
-    store.put("during-outage", "x");
-    let err = store.commit().unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
-    assert!(err.to_string().contains(&broker.bootstrap()), "{err}");
-    assert_eq!(
-        store.store().applied_offset().unwrap(),
-        applied,
-        "nothing applied to the store"
-    );
-    assert_eq!(store.store().get(b"during-outage").unwrap(), None);
-    assert_eq!(
-        store.pending_len(),
-        1,
-        "the failed writes stay pending for a retry"
-    );
+    a_commit_fails_during_the_outage(&mut store, &broker.bootstrap());
 
     broker.start(); // same port, same data dir
-    let mut committed = false;
-    let mut last_error = None;
-    for _ in 0..20 {
-        match store.commit() {
-            Ok(_) => {
-                committed = true;
-                break;
-            }
-            Err(e) => {
-                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
-                eprintln!("commit after restart failed (retrying): {e:?}");
-                last_error = Some(format!("{e:?}"));
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        }
+    if let Err(last_error) = retry_transient(|| store.commit()) {
+        panic!(
+            "no commit after the broker restarted; last error: {last_error}; broker log:\n{}",
+            broker.log_tail()
+        );
     }
-    assert!(
-        committed,
-        "commit after the broker restarted; last error: {last_error:?}; broker log:\n{}",
-        broker.log_tail()
-    );
     model.insert(Bytes::from("during-outage"), Bytes::from("x"));
     store.put("after", "y");
     store.commit().unwrap();
@@ -601,20 +623,17 @@ fn broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly() {
     drop(store);
 
     let log = KafkaChangelog::open(id, opts).unwrap();
-    let mut fresh = MemoryStore::new();
-    replay(&mut fresh, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
-    let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
-    assert_eq!(got, model, "replay after the restart is exact");
+    assert_eq!(replayed(&log).0, model, "replay after the restart is exact");
 }
 
 #[test]
 fn non_compacted_topic_warns_or_errors_per_policy() {
-    let Some(b) = bootstrap("non_compacted_topic_warns_or_errors_per_policy") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
     let id = fresh_id("nocompact");
-    let warn = options(&b)
+    let warn = b
+        .options()
         .topic_config("cleanup.policy", "delete")
         .non_compacted_policy(NonCompactedPolicy::Warn);
     let log = KafkaChangelog::open(id.clone(), warn).unwrap();
@@ -628,7 +647,7 @@ fn non_compacted_topic_warns_or_errors_per_policy() {
     );
     drop(log);
 
-    let err = KafkaChangelog::open(id.clone(), options(&b)).unwrap_err();
+    let err = KafkaChangelog::open(id.clone(), b.options()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     let msg = err.to_string();
     assert!(
@@ -639,16 +658,15 @@ fn non_compacted_topic_warns_or_errors_per_policy() {
 
 #[test]
 fn missing_topic_without_creation_is_not_found() {
-    let Some(b) = bootstrap("missing_topic_without_creation_is_not_found") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
     let err =
-        KafkaChangelog::open(fresh_id("absent"), options(&b).create_topic(false)).unwrap_err();
+        KafkaChangelog::open(fresh_id("absent"), b.options().create_topic(false)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     let err = KafkaChangelog::open(
         ChangelogId::new(fresh_id("p").topic, 5).unwrap(),
-        options(&b),
+        b.options(),
     )
     .unwrap_err();
     assert_eq!(
@@ -660,25 +678,23 @@ fn missing_topic_without_creation_is_not_found() {
 
 #[test]
 fn lineage_is_stable_and_changes_when_the_topic_is_recreated() {
-    let Some(b) = bootstrap("lineage_is_stable_and_changes_when_the_topic_is_recreated") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
-    let id = fresh_id("lineage");
-    let log = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let (id, log) = b.open_fresh("lineage");
     let l1 = log.lineage().unwrap();
     log.append(&[Record::put("k", "v")]).unwrap();
     assert_eq!(log.lineage().unwrap(), l1);
     drop(log);
-    let again = KafkaChangelog::open(id.clone(), options(&b)).unwrap();
+    let again = KafkaChangelog::open(id.clone(), b.options()).unwrap();
     assert_eq!(again.lineage().unwrap(), l1, "reopening keeps the lineage");
     drop(again);
 
-    KafkaChangelog::delete_topic(&options(&b), &id.topic).unwrap();
+    KafkaChangelog::delete_topic(&b.options(), &id.topic).unwrap();
     // Deletion may take a moment to be visible; recreate once it is.
     let deadline = Instant::now() + Duration::from_secs(20);
     let recreated = loop {
-        match KafkaChangelog::open(id.clone(), options(&b)) {
+        match KafkaChangelog::open(id.clone(), b.options()) {
             Ok(log) if read_all(&log, 0).is_empty() => break log,
             Ok(_) | Err(_) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(200))
@@ -696,16 +712,14 @@ fn lineage_is_stable_and_changes_when_the_topic_is_recreated() {
 
 #[test]
 fn horizon_follows_delete_retention_and_the_injected_clock() {
-    let Some(b) = bootstrap("horizon_follows_delete_retention_and_the_injected_clock") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
-    let now = system_clock().now_ms();
-    let clock = ManualClock::new(now);
-    let shared: SharedClock = Arc::new(clock.clone());
-    let opts = options(&b)
+    let clock = ManualClock::new(system_clock().now_ms());
+    let opts = b
+        .options()
         .topic_config("delete.retention.ms", "60000")
-        .clock(shared);
+        .clock(Arc::new(clock.clone()));
     let log = KafkaChangelog::open(fresh_id("horizon"), opts).unwrap();
     assert_eq!(log.delete_retention_ms(), 60_000);
     let first = log
@@ -740,19 +754,24 @@ fn horizon_follows_delete_retention_and_the_injected_clock() {
 /// and topic ids without a broker. It does not replace tansu (no
 /// DescribeConfigs, so the policy is unknown and only `Warn` opens; no
 /// compaction).
-fn mock_options(
-    mock: &rdkafka::mocking::MockCluster<'_, rdkafka::producer::DefaultProducerContext>,
-) -> KafkaOptions {
+fn mock_options(mock: &MockCluster<'_, DefaultProducerContext>) -> KafkaOptions {
     KafkaOptions::new(mock.bootstrap_servers())
         .request_timeout(Duration::from_secs(1))
         .non_compacted_policy(NonCompactedPolicy::Warn)
 }
 
+/// A mock cluster of one broker, and a fresh changelog id whose
+/// one-partition topic it holds.
+fn mock_topic(store: &str) -> (MockCluster<'static, DefaultProducerContext>, ChangelogId) {
+    let mock = MockCluster::new(1).unwrap();
+    let id = fresh_id(store);
+    mock.create_topic(&id.topic, 1, 1).unwrap();
+    (mock, id)
+}
+
 #[test]
 fn mock_cluster_smoke() {
-    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
-    let id = fresh_id("mock");
-    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let (mock, id) = mock_topic("mock");
     let log = KafkaChangelog::open(id.clone(), mock_options(&mock)).unwrap();
     let offsets = log
         .append(&[
@@ -763,12 +782,8 @@ fn mock_cluster_smoke() {
         .unwrap();
     // Offset 0 is the handle's writer claim (skipped by readers).
     assert_eq!(offsets, vec![1, 2, 3]);
-    let got: Vec<Record> = read_all(&log, 0)
-        .into_iter()
-        .map(LoggedRecord::into_record)
-        .collect();
     assert_eq!(
-        got,
+        records(read_all(&log, 0)),
         vec![
             Record::put("a", "1"),
             Record::delete("a"),
@@ -802,9 +817,7 @@ fn mock_cluster_smoke() {
 /// it as below the tombstone horizon.
 #[test]
 fn replay_ends_at_the_log_end_even_when_the_last_offset_is_a_marker() {
-    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
-    let id = fresh_id("mocktail");
-    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let (mock, id) = mock_topic("mocktail");
     let clock = ManualClock::new(1_000_000);
     let opts = mock_options(&mock)
         .lineage_source(LineageSource::Marker)
@@ -844,17 +857,12 @@ fn mock_cluster_conformance() {
         // fencing handle writes first is tested on its own.
         KafkaChangelog::open(id, mock_options(&mock).fence_writers(false)).unwrap()
     };
-    suite::empty_log_has_no_offsets(&make());
-    suite::append_returns_consecutive_offsets(&make());
-    suite::read_returns_what_was_appended_in_order(&make());
-    suite::read_from_middle_offset(&make());
-    suite::read_from_beyond_end_returns_nothing(&make());
-    suite::reader_is_bounded_by_end_at_open(&make());
-    suite::batches_respect_max_records(&make());
-    suite::lineage_is_stable(&make());
-    suite::flush_works(&make());
-    suite::empty_append_is_a_noop(&make());
-    suite::large_values_round_trip(&make());
+    const LEFT_OUT: &str = "concurrent_reader_never_sees_torn_records";
+    let checks = suite::checks();
+    assert!(checks.iter().any(|(name, _)| *name == LEFT_OUT));
+    for (_, check) in checks.into_iter().filter(|(name, _)| *name != LEFT_OUT) {
+        check(&make());
+    }
     let id = fresh_id("mockreopen");
     mock.create_topic(&id.topic, 1, 1).unwrap();
     suite::reopen_keeps_records_and_lineage(&mut || {
@@ -865,15 +873,14 @@ fn mock_cluster_conformance() {
 /// The whole changelog conformance suite against tansu, plus reopen.
 #[test]
 fn conformance_against_tansu() {
-    let Some(b) = bootstrap("conformance_against_tansu") else {
+    let Some(b) = shared_broker() else {
         return;
     };
-    let _serial = serial();
     use statesnap::conformance::changelog as suite;
     // Fencing off: the suite checks the log's own offsets (the writer claim
     // a fencing handle writes first is tested on its own, and every other
     // test here runs with fencing on).
-    let opts = || options(&b).fence_writers(false);
+    let opts = || b.options().fence_writers(false);
     suite::run_all(&mut || KafkaChangelog::open(fresh_id("conf"), opts()).unwrap());
     let id = fresh_id("reopen");
     suite::reopen_keeps_records_and_lineage(&mut || {
@@ -885,58 +892,24 @@ fn conformance_against_tansu() {
 /// `broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly`).
 #[test]
 fn mock_cluster_broker_down_fails_the_commit_and_recovery_is_exact() {
-    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
-    let id = fresh_id("mockdown");
-    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let (mock, id) = mock_topic("mockdown");
     let opts = mock_options(&mock).delivery_timeout(Duration::from_secs(2));
     let log = KafkaChangelog::open(id.clone(), opts.clone()).unwrap();
     let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
-    let mut model = BTreeMap::new();
-    for i in 0..50u32 {
-        let (k, v) = (
-            Bytes::from(format!("k{}", i % 7)),
-            Bytes::from(format!("v{i}")),
-        );
-        store.put(k.clone(), v.clone());
-        model.insert(k, v);
-        store.commit().unwrap();
-    }
-    let applied = store.store().applied_offset().unwrap();
+    let mut model = Kv::new();
+    commit_puts(&mut store, &mut model, 50, 7);
 
     mock.broker_down(1).unwrap();
-    store.put("during-outage", "x");
-    let err = store.commit().unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
-    assert!(err.to_string().contains(&mock.bootstrap_servers()), "{err}");
-    assert_eq!(
-        store.store().applied_offset().unwrap(),
-        applied,
-        "nothing applied"
-    );
-    assert_eq!(store.store().get(b"during-outage").unwrap(), None);
+    a_commit_fails_during_the_outage(&mut store, &mock.bootstrap_servers());
 
     mock.broker_up(1).unwrap();
-    let mut committed = false;
-    for _ in 0..20 {
-        match store.commit() {
-            Ok(_) => {
-                committed = true;
-                break;
-            }
-            Err(e) => {
-                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        }
+    if let Err(last_error) = retry_transient(|| store.commit()) {
+        panic!("no commit after the broker came back; last error: {last_error}");
     }
-    assert!(committed, "commit after the broker came back");
     model.insert(Bytes::from("during-outage"), Bytes::from("x"));
     drop(store);
     let log = KafkaChangelog::open(id, opts).unwrap();
-    let mut fresh = MemoryStore::new();
-    replay(&mut fresh, &log, &ReplayOptions::default(), &mut |_| {}).unwrap();
-    let got: BTreeMap<Bytes, Bytes> = fresh.iter().unwrap().map(|kv| kv.unwrap()).collect();
-    assert_eq!(got, model);
+    assert_eq!(replayed(&log).0, model);
 }
 
 /// Records `0..n` with distinct keys and values, appended in batches of 10 000.
@@ -950,24 +923,34 @@ fn append_numbered(log: &KafkaChangelog, n: u32) -> Vec<Record> {
     all
 }
 
-/// Reads batches of 1 000 into `got` until the reader fails, and returns the
-/// error; a read that ends without one (a short read of the `n`-record log)
-/// fails the test.
+/// Reads batches of 1 000 (after the records already in `got`) until the
+/// reader fails, and returns the error and every record read. A read that
+/// ends without one (a short read that looks like the end) fails the test,
+/// and so do records read that are not a strict prefix of `all`.
 fn read_until_error(
     r: &mut dyn ChangelogReader,
-    got: &mut Vec<LoggedRecord>,
-    n: u32,
-) -> statesnap::Error {
-    loop {
+    mut got: Vec<LoggedRecord>,
+    all: &[Record],
+) -> (statesnap::Error, Vec<Record>) {
+    let err = loop {
         match r.next_batch(1_000) {
             Ok(Some(b)) => got.extend(b),
             Ok(None) => panic!(
-                "the read ended without an error after {} of {n} records",
-                got.len()
+                "the read ended without an error after {} of {} records",
+                got.len(),
+                all.len()
             ),
-            Err(e) => return e,
+            Err(e) => break e,
         }
-    }
+    };
+    let got = records(got);
+    assert!(got.len() < all.len(), "{}", got.len());
+    assert!(
+        got == all[..got.len()],
+        "the {} records read before the error are not the log's first ones",
+        got.len()
+    );
+    (err, got)
 }
 
 /// Replay reads through a prefetch thread that hands over chunks of its own
@@ -976,9 +959,7 @@ fn read_until_error(
 /// one exact.
 #[test]
 fn reads_honour_any_batch_size_and_readers_can_be_dropped_half_way() {
-    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
-    let id = fresh_id("mockprefetch");
-    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let (mock, id) = mock_topic("mockprefetch");
     let log = KafkaChangelog::open(id, mock_options(&mock)).unwrap();
     let all = append_numbered(&log, 30_000);
 
@@ -1007,11 +988,8 @@ fn reads_honour_any_batch_size_and_readers_can_be_dropped_half_way() {
             break;
         }
     }
-    let as_records = |v: Vec<LoggedRecord>| -> Vec<Record> {
-        v.into_iter().map(LoggedRecord::into_record).collect()
-    };
-    assert_eq!(as_records(got_a), all);
-    assert_eq!(as_records(got_b), all[12_345..].to_vec());
+    assert_eq!(records(got_a), all);
+    assert_eq!(records(got_b), all[12_345..].to_vec());
     assert_eq!(a.next_batch(10).unwrap(), None, "stays at the end");
 
     // Dropped after one small batch, with the prefetch thread mid-read or
@@ -1023,7 +1001,7 @@ fn reads_honour_any_batch_size_and_readers_can_be_dropped_half_way() {
         drop(r);
     }
     assert_eq!(
-        as_records(read_all(&log, 0)),
+        records(read_all(&log, 0)),
         all,
         "a full read after the drops"
     );
@@ -1042,9 +1020,7 @@ fn reads_honour_any_batch_size_and_readers_can_be_dropped_half_way() {
 /// read.)
 #[test]
 fn records_deleted_under_a_reader_fail_it_stale_never_a_short_read() {
-    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
-    let id = fresh_id("mockdeleted");
-    mock.create_topic(&id.topic, 1, 1).unwrap();
+    let (mock, id) = mock_topic("mockdeleted");
     // Small fetches and a small client queue: the reader stays close behind
     // what the caller has taken.
     let opts = mock_options(&mock)
@@ -1057,7 +1033,7 @@ fn records_deleted_under_a_reader_fail_it_stale_never_a_short_read() {
     let all = append_numbered(&log, n);
     assert_eq!(log.start_offset().unwrap(), 0);
     let mut r = log.read_from(0).unwrap();
-    let mut got = r.next_batch(1).unwrap().unwrap();
+    let got = r.next_batch(1).unwrap().unwrap();
     std::thread::sleep(Duration::from_millis(300)); // the prefetch queue fills
     // 45 000 more records push the first 30 000 or more out of the mock's
     // 5 MB log, past what the reader (~25 000 ahead at most) has fetched.
@@ -1069,7 +1045,7 @@ fn records_deleted_under_a_reader_fail_it_stale_never_a_short_read() {
     }
     let lo = log.start_offset().unwrap();
     assert!(lo >= 30_000, "the log start did not pass the reader: {lo}");
-    let err = read_until_error(&mut *r, &mut got, n);
+    let (err, got) = read_until_error(&mut *r, got, &all);
     match err.kind() {
         ErrorKind::Stale => {
             assert!(
@@ -1082,14 +1058,9 @@ fn records_deleted_under_a_reader_fail_it_stale_never_a_short_read() {
         }
         other => panic!("unexpected error kind {other:?}: {err}"),
     }
-    let got: Vec<Record> = got.into_iter().map(LoggedRecord::into_record).collect();
-    assert!(got.len() < n as usize, "{}", got.len());
-    assert!(
-        got == all[..got.len()],
-        "the {} records read before the error are not the log's first ones",
-        got.len()
-    );
-    assert!(r.next_batch(1).is_err(), "a failed reader stays failed");
+    let again = r.next_batch(1).expect_err("a failed reader stays failed");
+    assert_eq!(again.kind(), err.kind(), "{again}");
+    assert!(again.message().contains("failed earlier"), "{again}");
     drop(r);
     // Resuming after the records read is refused: they are gone.
     let mut store = MemoryStore::new();
@@ -1107,46 +1078,29 @@ fn records_deleted_under_a_reader_fail_it_stale_never_a_short_read() {
 /// mock cluster drops old records once a few MB are in.)
 #[test]
 fn broker_down_mid_read_is_a_transient_error_after_an_exact_prefix() {
-    let test = "broker_down_mid_read_is_a_transient_error_after_an_exact_prefix";
-    let Some(template) = env_or_skip("STATESNAP_TEST_KAFKA_CMD", test) else {
+    let Some(mut broker) = OwnBroker::start_own() else {
         return;
     };
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let mut broker = OwnBroker::new(template, dir.path());
-    broker.start();
     // Small client-side buffers, so most of the log is still on the broker
     // when it goes down. 10 s: with one reader fetching hard, tansu 0.6.0
     // (SQLite engine) took 3-10 s here to serve a second consumer's first
     // fetch of a 100 000-record partition (3 s failed every run).
-    let opts = KafkaOptions::new(broker.bootstrap())
-        .request_timeout(Duration::from_secs(10))
-        .delivery_timeout(Duration::from_secs(10))
+    let opts = options(&broker.bootstrap())
         .property("queued.max.messages.kbytes", "256")
         .property("max.partition.fetch.bytes", "262144");
     let id = fresh_id("readdown");
     let log = KafkaChangelog::open(id.clone(), opts.clone()).unwrap();
     let n = 100_000u32;
     let all = append_numbered(&log, n);
-    let as_records = |v: Vec<LoggedRecord>| -> Vec<Record> {
-        v.into_iter().map(LoggedRecord::into_record).collect()
-    };
 
     let mut r = log.read_from(0).unwrap();
     let mut idle = log.read_from(0).unwrap();
-    let mut got: Vec<LoggedRecord> = r.next_batch(1_000).unwrap().unwrap();
+    let got = r.next_batch(1_000).unwrap().unwrap();
     idle.next_batch(1).unwrap().unwrap();
     broker.stop();
-    let err = read_until_error(&mut *r, &mut got, n);
+    let (err, _) = read_until_error(&mut *r, got, &all);
     assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
     assert!(err.to_string().contains(&broker.bootstrap()), "{err}");
-    let got = as_records(got);
-    assert!(got.len() < n as usize, "{}", got.len());
-    assert!(
-        got == all[..got.len()],
-        "the {} records read before the error are not the log's first ones",
-        got.len()
-    );
     // The reader is spent: asking again must not look like the end of the
     // log (its read thread has ended) nor skip records.
     for _ in 0..3 {
@@ -1166,32 +1120,13 @@ fn broker_down_mid_read_is_a_transient_error_after_an_exact_prefix() {
     drop(log);
 
     broker.start(); // same port, same data dir
-    let mut again = None;
-    let mut last_error = None;
-    for _ in 0..20 {
-        let res = KafkaChangelog::open(id.clone(), opts.clone()).and_then(|log| {
-            let mut r = log.read_from(0)?;
-            let mut out = Vec::new();
-            while let Some(b) = r.next_batch(10_000)? {
-                out.extend(b);
-            }
-            Ok(out)
-        });
-        match res {
-            Ok(out) => {
-                again = Some(out);
-                break;
-            }
-            Err(e) => {
-                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
-                last_error = Some(e.to_string());
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        }
-    }
-    let again = as_records(again.unwrap_or_else(|| {
-        panic!("no read after the broker came back; last error: {last_error:?}")
-    }));
+    let again = retry_transient(|| {
+        try_read_all(&KafkaChangelog::open(id.clone(), opts.clone())?, 0, 10_000)
+    })
+    .unwrap_or_else(|last_error| {
+        panic!("no read after the broker came back; last error: {last_error}")
+    });
+    let again = records(again);
     assert!(
         again.len() == all.len() && again == all,
         "{} records",

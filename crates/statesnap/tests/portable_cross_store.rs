@@ -8,20 +8,15 @@
 mod common;
 
 use bytes::Bytes;
-use object_store::memory::InMemory;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::Arc;
 
 use statesnap::Result;
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{ChangelogBinding, ChangelogId, Record};
-use statesnap::format::StoreFormat;
+use statesnap::changelog::file::FileChangelog;
+use statesnap::changelog::{ChangelogBinding, Record};
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
-use statesnap::repo::{Repository, StoreKey};
-use statesnap::restore::{RestoreOptions, restore_store};
-use statesnap::snapshot::commit_snapshot;
+use statesnap::repo::StoreKey;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
 use statesnap::store::{KvIter, SizeEstimate, StateStore, in_bounds};
@@ -40,22 +35,24 @@ impl StateStore for TreeStore {
         Ok(self.map.get(key).cloned())
     }
     fn range<'a>(&'a self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<KvIter<'a>> {
-        // A toy store: filter a full scan (a real one would seek).
-        let hits: Vec<_> = self
-            .map
-            .iter()
-            .filter(|(k, _)| in_bounds(k, start, end))
-            .map(|(k, v)| Ok((k.clone(), v.clone())))
-            .collect();
-        Ok(Box::new(hits.into_iter()))
+        // A toy store: filter a full scan (a real one would seek), lazily,
+        // with bounds of its own.
+        let (start, end) = (
+            start.map(Bytes::copy_from_slice),
+            end.map(Bytes::copy_from_slice),
+        );
+        let hits = self.map.iter().filter(move |(k, _)| {
+            in_bounds(
+                k,
+                start.as_ref().map(|s| &s[..]),
+                end.as_ref().map(|e| &e[..]),
+            )
+        });
+        Ok(Box::new(hits.map(|(k, v)| Ok((k.clone(), v.clone())))))
     }
     fn apply(&mut self, batch: &[Record], applied_offset: u64) -> Result<()> {
-        for r in batch {
-            match &r.value {
-                Some(v) => self.map.insert(r.key.clone(), v.clone()),
-                None => self.map.remove(&r.key),
-            };
-        }
+        let writes = batch.iter().map(|r| (r.key.clone(), r.value.clone()));
+        common::apply_to(&mut self.map, writes);
         self.applied = Some(applied_offset);
         Ok(())
     }
@@ -63,13 +60,10 @@ impl StateStore for TreeStore {
         Ok(self.applied)
     }
     fn approximate_size(&self) -> Result<SizeEstimate> {
+        let bytes = self.map.iter().map(|(k, v)| (k.len() + v.len()) as u64);
         Ok(SizeEstimate {
             keys: self.map.len() as u64,
-            bytes: self
-                .map
-                .iter()
-                .map(|(k, v)| (k.len() + v.len()) as u64)
-                .sum(),
+            bytes: bytes.sum(),
         })
     }
     fn binding(&self) -> Result<Option<ChangelogBinding>> {
@@ -91,17 +85,21 @@ impl PortableSource for TreeStore {
 
 use common::contents;
 
-/// Writes through a `LoggedStore<A>`, snapshots it with `fa`, writes a
-/// tail, then restores with `fb` (store type B) and checks B == A.
-async fn cross<A, B>(store_a: A, fa: &PortableFormat<A>, fb: &PortableFormat<B>, dir: &Path)
+/// Writes through a `LoggedStore<A>` (store A from `make_a`, given the test's
+/// directory), snapshots it with `fa`, writes a tail, then restores with `fb`
+/// (store type B) into `restored` and checks B == A. Returns the directory.
+async fn cross<A, B>(
+    make_a: impl FnOnce(&Path) -> A,
+    fa: &PortableFormat<A>,
+    fb: &PortableFormat<B>,
+) -> tempfile::TempDir
 where
     A: PortableSource + 'static,
     B: PortableSource + 'static,
 {
-    let id = ChangelogId::for_store("x", "s", 0).unwrap();
-    let log =
-        FileChangelog::open(dir.join("log"), id.clone(), FileChangelogOptions::default()).unwrap();
-    let mut ls = LoggedStore::new(store_a, log).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = common::file_log(&dir.path().join("log"), "x", "s");
+    let mut ls = LoggedStore::new(make_a(dir.path()), log).unwrap();
     for i in 0..3000u32 {
         ls.put(format!("k{i:05}"), format!("v{i}"));
         if i % 7 == 0 {
@@ -112,33 +110,18 @@ where
         }
     }
     ls.commit().unwrap();
-    let repo = Repository::from_store(Arc::new(InMemory::new()), "").unwrap();
+    let (repo, _) = common::memory_repo();
     let sk = StoreKey::new("x", "s", 0).unwrap();
-    let m = commit_snapshot(
-        fa,
-        fa.capture(ls.store()).unwrap(),
-        &repo,
-        &sk,
-        ls.changelog(),
-        None,
-    )
-    .await
-    .unwrap();
+    let m = common::snapshot(fa, ls.store(), &repo, &sk, ls.changelog(), None).await;
     // The tail: replayed after the snapshot.
     ls.put("k00001", "tail");
     ls.delete("k00010");
     ls.put("zzz", "new");
     ls.commit().unwrap();
-    let (b, report) = restore_store(
-        fb,
-        &repo,
-        &sk,
-        ls.changelog(),
-        &dir.join("restored"),
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let target = dir.path().join("restored");
+    let (b, report) = common::restore_latest(fb, &repo, &sk, ls.changelog(), &target)
+        .await
+        .unwrap();
     assert_eq!(report.snapshot, Some(m.snapshot_id));
     assert_eq!(report.replay.records, 3);
     assert_eq!(contents(&b), contents(ls.store()));
@@ -146,6 +129,7 @@ where
         b.applied_offset().unwrap(),
         ls.store().applied_offset().unwrap()
     );
+    dir
 }
 
 fn tree_format() -> PortableFormat<TreeStore> {
@@ -154,26 +138,14 @@ fn tree_format() -> PortableFormat<TreeStore> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_store_snapshot_restores_into_memory_store() {
-    let dir = tempfile::tempdir().unwrap();
-    cross(
-        TreeStore::default(),
-        &tree_format(),
-        &PortableFormat::memory(),
-        dir.path(),
-    )
-    .await;
+    let memory = PortableFormat::memory();
+    cross(|_| TreeStore::default(), &tree_format(), &memory).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_snapshot_restores_into_custom_store() {
-    let dir = tempfile::tempdir().unwrap();
-    cross(
-        MemoryStore::new(),
-        &PortableFormat::memory(),
-        &tree_format(),
-        dir.path(),
-    )
-    .await;
+    let memory = PortableFormat::memory();
+    cross(|_| MemoryStore::new(), &memory, &tree_format()).await;
 }
 
 #[cfg(feature = "rocksdb")]
@@ -186,29 +158,19 @@ mod rocks {
         PortableFormat::new(|p: &Path| RocksStore::open(p, &Default::default()))
     }
 
+    fn rocks_at(dir: &Path) -> RocksStore {
+        RocksStore::open(dir.join("src"), &Default::default()).unwrap()
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rocks_snapshot_restores_into_memory_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let rocks = RocksStore::open(dir.path().join("src"), &Default::default()).unwrap();
-        cross(
-            rocks,
-            &rocks_format(),
-            &PortableFormat::memory(),
-            dir.path(),
-        )
-        .await;
+        cross(rocks_at, &rocks_format(), &PortableFormat::memory()).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn memory_snapshot_restores_into_rocks_store() {
-        let dir = tempfile::tempdir().unwrap();
-        cross(
-            MemoryStore::new(),
-            &PortableFormat::memory(),
-            &rocks_format(),
-            dir.path(),
-        )
-        .await;
+        let memory = PortableFormat::memory();
+        let dir = cross(|_| MemoryStore::new(), &memory, &rocks_format()).await;
         // The restored RocksStore is a real, reopenable database at its offset.
         let reopened = RocksStore::open(dir.path().join("restored"), &Default::default()).unwrap();
         assert!(reopened.applied_offset().unwrap().is_some());
@@ -224,31 +186,26 @@ mod rocks {
             before in proptest::collection::vec((0u8..50, proptest::option::of(any::<u16>())), 1..80),
             after in proptest::collection::vec((0u8..50, proptest::option::of(any::<u16>())), 0..40),
         ) {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-            rt.block_on(async {
+            common::rt().block_on(async {
                 let dir = tempfile::tempdir().unwrap();
-                let id = ChangelogId::for_store("m", "s", 0).unwrap();
-                let log = FileChangelog::open(dir.path().join("log"), id.clone(), FileChangelogOptions::default()).unwrap();
-                let rocks = RocksStore::open(dir.path().join("src"), &Default::default()).unwrap();
-                let mut ls = LoggedStore::new(rocks, log).unwrap();
-                let mut model = BTreeMap::new();
+                let log = common::file_log(&dir.path().join("log"), "m", "s");
+                let mut ls = LoggedStore::new(rocks_at(dir.path()), log).unwrap();
+                let mut model = common::Kv::new();
                 let mut write = |ls: &mut LoggedStore<RocksStore, FileChangelog>, ops: &[(u8, Option<u16>)]| {
-                    for (k, v) in ops {
-                        let k = Bytes::from(format!("key-{k:03}"));
-                        match v {
-                            Some(v) => { let v = Bytes::from(v.to_le_bytes().to_vec()); ls.put(k.clone(), v.clone()); model.insert(k, v); }
-                            None => { ls.delete(k.clone()); model.remove(&k); }
-                        }
+                    for &(k, v) in ops {
+                        let v = v.map(|v| Bytes::from(v.to_le_bytes().to_vec()));
+                        common::write_both(ls, &mut model, common::key(k), v);
                     }
                     ls.commit().unwrap();
                 };
                 write(&mut ls, &before);
-                let repo = Repository::from_store(Arc::new(InMemory::new()), "").unwrap();
+                let (repo, _) = common::memory_repo();
                 let sk = StoreKey::new("m", "s", 0).unwrap();
                 let f = rocks_format();
-                commit_snapshot(&f, f.capture(ls.store()).unwrap(), &repo, &sk, ls.changelog(), None).await.unwrap();
+                common::snapshot(&f, ls.store(), &repo, &sk, ls.changelog(), None).await;
                 write(&mut ls, &after);
-                let (restored, _) = restore_store(&f, &repo, &sk, ls.changelog(), &dir.path().join("dst"), &RestoreOptions::default()).await.unwrap();
+                let target = dir.path().join("dst");
+                let (restored, _) = common::restore_latest(&f, &repo, &sk, ls.changelog(), &target).await.unwrap();
                 assert_eq!(contents(&restored), model);
             });
         }

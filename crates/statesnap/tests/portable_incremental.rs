@@ -7,39 +7,18 @@
 mod common;
 
 use bytes::Bytes;
-use object_store::memory::InMemory;
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
+use statesnap::changelog::file::FileChangelog;
+use statesnap::changelog::{Changelog, ChangelogBinding, Record};
 use statesnap::format::portable::chunk::{ChunkParams, decode_chunk};
 use statesnap::format::portable::{DeltaPolicy, LayerKind, PortableFormat, PortableMetadata};
-use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{BlobRef, GcOptions, Manifest, Repository, RetentionPolicy, StoreKey};
-use statesnap::snapshot::commit_snapshot;
 use statesnap::store::memory::MemoryStore;
 use statesnap::store::{StateStore, ensure_follows};
 
-fn key(i: u64) -> Bytes {
-    Bytes::from(format!("user:{i:010}"))
-}
-
-/// 100 bytes, distinct per (key, generation), mildly compressible.
-fn value(i: u64, generation: u64) -> Bytes {
-    let mut v = Vec::with_capacity(100);
-    let mut x =
-        i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ generation.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    while v.len() < 100 {
-        x ^= x >> 31;
-        x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-        v.extend_from_slice(&x.to_le_bytes()[..4]);
-        v.extend_from_slice(b"abcd");
-    }
-    v.truncate(100);
-    Bytes::from(v)
-}
+use common::data::{user_key as key, user_value as value};
 
 use common::Rng;
 
@@ -53,16 +32,10 @@ struct Env {
 impl Env {
     fn new() -> Env {
         let dir = tempfile::tempdir().unwrap();
-        let log = FileChangelog::open(
-            dir.path(),
-            ChangelogId::for_store("app", "store", 0).unwrap(),
-            FileChangelogOptions::default(),
-        )
-        .unwrap();
         Env {
-            repo: Repository::from_store(Arc::new(InMemory::new()), "").unwrap(),
+            repo: common::memory_repo().0,
             store_key: StoreKey::new("app", "store", 0).unwrap(),
-            log,
+            log: common::file_log(dir.path(), "app", "store"),
             _dir: dir,
         }
     }
@@ -83,42 +56,41 @@ impl Env {
         store: &MemoryStore,
         parent: Option<&Manifest>,
     ) -> Manifest {
-        let cut = fmt.capture(store).unwrap();
-        commit_snapshot(fmt, cut, &self.repo, &self.store_key, &self.log, parent)
-            .await
-            .unwrap()
+        common::snapshot(fmt, store, &self.repo, &self.store_key, &self.log, parent).await
     }
 
     async fn restore(&self, m: &Manifest) -> MemoryStore {
         let dir = tempfile::tempdir().unwrap();
-        PortableFormat::memory()
-            .restore(
-                m,
-                RestoreContext {
-                    repo: &self.repo,
-                    target: dir.path(),
-                },
-            )
-            .await
-            .unwrap()
-            .0
+        let format = PortableFormat::memory();
+        let restored = common::restore_snapshot(&format, m, &self.repo, dir.path()).await;
+        restored.unwrap().0
     }
 }
 
 use common::contents;
 
-fn fill(env: &mut Env, store: &mut MemoryStore, n: u64) {
-    let mut batch = Vec::with_capacity(10_000);
-    for i in 0..n {
-        batch.push(Record::put(key(i), value(i, 0)));
-        if batch.len() == 10_000 {
-            env.apply(store, &batch);
-            batch.clear();
-        }
+/// A new environment and a store holding users `0..n` (generation 0),
+/// written through the changelog 10 000 per batch.
+fn filled(n: u64) -> (Env, MemoryStore) {
+    let mut env = Env::new();
+    let mut store = MemoryStore::new();
+    let all: Vec<Record> = (0..n).map(|i| Record::put(key(i), value(i, 0))).collect();
+    for batch in all.chunks(10_000) {
+        env.apply(&mut store, batch);
     }
-    if !batch.is_empty() {
-        env.apply(store, &batch);
-    }
+    (env, store)
+}
+
+/// The memory store's portable format with chunks of about `target_kib`
+/// KiB (a quarter of that at least, four times at most).
+fn chunked(target_kib: usize) -> PortableFormat<MemoryStore> {
+    PortableFormat::memory()
+        .with_chunking(ChunkParams {
+            min: target_kib << 8,
+            target: target_kib << 10,
+            max: target_kib << 12,
+        })
+        .unwrap()
 }
 
 /// Keys of the chunks of `m` that no snapshot in `old` holds, decoded.
@@ -154,9 +126,7 @@ async fn unshared_chunk_keys(env: &Env, m: &Manifest, old: &Manifest) -> Vec<Vec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_percent_delta_and_range_change_share_chunks() {
     const N: u64 = 1_000_000;
-    let mut env = Env::new();
-    let mut store = MemoryStore::new();
-    fill(&mut env, &mut store, N);
+    let (mut env, mut store) = filled(N);
     let fmt = PortableFormat::memory();
 
     let full = env.snapshot(&fmt, &store, None).await;
@@ -252,21 +222,12 @@ async fn one_percent_delta_and_range_change_share_chunks() {
 /// exactly; the chain is consolidated by length and by size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_chain_restores_and_consolidates() {
-    let mut env = Env::new();
-    let mut store = MemoryStore::new();
-    fill(&mut env, &mut store, 20_000);
-    let fmt = PortableFormat::memory()
-        .with_chunking(ChunkParams {
-            min: 4 << 10,
-            target: 16 << 10,
-            max: 64 << 10,
-        })
-        .unwrap()
-        .with_delta_policy(DeltaPolicy {
-            enabled: true,
-            max_chain_len: 3,
-            max_delta_percent: 50,
-        });
+    let (mut env, mut store) = filled(20_000);
+    let fmt = chunked(16).with_delta_policy(DeltaPolicy {
+        enabled: true,
+        max_chain_len: 3,
+        max_delta_percent: 50,
+    });
     let mut rng = Rng(11);
     let mut parent: Option<Manifest> = None;
     let mut kinds = Vec::new();
@@ -312,16 +273,8 @@ async fn delta_chain_restores_and_consolidates() {
 /// kept delta still restores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_keeps_every_snapshot_a_kept_delta_needs() {
-    let mut env = Env::new();
-    let mut store = MemoryStore::new();
-    fill(&mut env, &mut store, 5_000);
-    let fmt = PortableFormat::memory()
-        .with_chunking(ChunkParams {
-            min: 2 << 10,
-            target: 8 << 10,
-            max: 32 << 10,
-        })
-        .unwrap();
+    let (mut env, mut store) = filled(5_000);
+    let fmt = chunked(8);
     let change = |env: &mut Env, store: &mut MemoryStore, g: u64| {
         let b: Vec<Record> = (g * 10..g * 10 + 50)
             .map(|i| Record::put(key(i), value(i, g)))

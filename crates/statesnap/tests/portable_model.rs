@@ -7,27 +7,19 @@
 mod common;
 
 use bytes::Bytes;
-use object_store::memory::InMemory;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use statesnap::changelog::ChangelogId;
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::format::StoreFormat;
 use statesnap::format::portable::chunk::ChunkParams;
 use statesnap::format::portable::{DeltaPolicy, LayerKind, PortableFormat, PortableMetadata};
-use statesnap::repo::{Manifest, Repository, StoreKey};
-use statesnap::restore::{RestoreOptions, restore_store};
-use statesnap::snapshot::commit_snapshot;
+use statesnap::repo::{Manifest, StoreKey};
 use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Put(u8, u16),
-    Delete(u8),
+    Write(Write),
     Commit,
     /// Commit, then snapshot with the latest snapshot as parent (may be a delta).
     Snapshot,
@@ -39,12 +31,10 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        12 => (0u8..60, any::<u16>()).prop_map(|(k, v)| Op::Put(k, v)),
-        4 => (0u8..60).prop_map(Op::Delete),
-        4 => Just(Op::Commit),
+        20 => writes_and_commits(60, [12, 4, 4], Op::Write, Op::Commit),
         3 => Just(Op::Snapshot),
-        1 => Just(Op::FullSnapshot),
         2 => Just(Op::Restore),
+        1 => Just(Op::FullSnapshot),
     ]
 }
 
@@ -67,59 +57,43 @@ fn format() -> PortableFormat<MemoryStore> {
         })
 }
 
-use common::{apply_to, contents, key};
-
-fn commit(
-    ls: &mut LoggedStore<MemoryStore, FileChangelog>,
-    committed: &mut BTreeMap<Bytes, Bytes>,
-    pending: &mut BTreeMap<Bytes, Option<Bytes>>,
-) {
-    ls.commit().unwrap();
-    apply_to(committed, std::mem::take(pending));
-}
+use common::{
+    Model, Write, contents, file_log, memory_repo, restore_latest, restore_snapshot, rt, snapshot,
+    writes_and_commits,
+};
 
 async fn run(ops: Vec<Op>) {
     let dir = tempfile::tempdir().unwrap();
-    let id = ChangelogId::for_store("model", "store", 0).unwrap();
-    let log = FileChangelog::open(
-        dir.path().join("log"),
-        id.clone(),
-        FileChangelogOptions::default(),
-    )
-    .unwrap();
+    let log = file_log(&dir.path().join("log"), "model", "store");
     let mut ls = LoggedStore::new(MemoryStore::new(), log).unwrap();
-    let repo = Repository::from_store(Arc::new(InMemory::new()), "").unwrap();
+    let (repo, _) = memory_repo();
     let sk = StoreKey::new("model", "store", 0).unwrap();
     let fmt = format();
-    let mut committed = BTreeMap::new();
-    let mut pending = BTreeMap::new();
+    let mut model = Model::default();
     let mut latest: Option<Manifest> = None;
     // (manifest, model at its offset)
     let mut taken: Vec<(Manifest, BTreeMap<Bytes, Bytes>)> = Vec::new();
     for op in ops {
         match op {
-            Op::Put(k, v) => {
-                let v = Bytes::from(v.to_le_bytes().to_vec());
-                ls.put(key(k), v.clone());
-                pending.insert(key(k), Some(v));
-            }
-            Op::Delete(k) => {
-                ls.delete(key(k));
-                pending.insert(key(k), None);
-            }
-            Op::Commit => commit(&mut ls, &mut committed, &mut pending),
+            Op::Write(w) => model.write(&mut ls, &w),
+            Op::Commit => model.commit(&mut ls),
             Op::Snapshot | Op::FullSnapshot => {
-                commit(&mut ls, &mut committed, &mut pending);
+                model.commit(&mut ls);
                 if ls.store().applied_offset().unwrap().is_none() {
                     continue;
                 }
                 if matches!(op, Op::FullSnapshot) {
                     fmt.forget_last_cut();
                 }
-                let cut = fmt.capture(ls.store()).unwrap();
-                let m = commit_snapshot(&fmt, cut, &repo, &sk, ls.changelog(), latest.as_ref())
-                    .await
-                    .unwrap();
+                let m = snapshot(
+                    &fmt,
+                    ls.store(),
+                    &repo,
+                    &sk,
+                    ls.changelog(),
+                    latest.as_ref(),
+                )
+                .await;
                 let meta = PortableMetadata::of(&m).unwrap();
                 if matches!(op, Op::FullSnapshot) {
                     assert_eq!(meta.layers.len(), 1);
@@ -131,23 +105,18 @@ async fn run(ops: Vec<Op>) {
                     assert_eq!(m.depends_on.len(), meta.layers.len() - 1);
                 }
                 assert!(meta.layers.len() <= 4, "chain bound: {}", meta.layers.len());
-                assert_eq!(m.stats.keys, committed.len() as u64);
-                taken.push((m.clone(), committed.clone()));
+                assert_eq!(m.stats.keys, model.committed.len() as u64);
+                taken.push((m.clone(), model.committed.clone()));
                 latest = Some(m);
             }
             Op::Restore => {
-                commit(&mut ls, &mut committed, &mut pending);
+                model.commit(&mut ls);
                 let rdir = tempfile::tempdir().unwrap();
-                let (store, report) = restore_store(
-                    &format(),
-                    &repo,
-                    &sk,
-                    ls.changelog(),
-                    &rdir.path().join("store"),
-                    &RestoreOptions::default(),
-                )
-                .await
-                .unwrap();
+                let target = rdir.path().join("store");
+                let (store, report) =
+                    restore_latest(&format(), &repo, &sk, ls.changelog(), &target)
+                        .await
+                        .unwrap();
                 assert!(report.skipped.is_empty(), "{:?}", report.skipped);
                 // Two snapshots may share an offset; either is the newest.
                 assert_eq!(
@@ -155,7 +124,7 @@ async fn run(ops: Vec<Op>) {
                     latest.as_ref().map(|m| m.changelog.offset),
                     "restores from the newest snapshot"
                 );
-                assert_eq!(contents(&store), committed, "restore + tail replay");
+                assert_eq!(contents(&store), model.committed, "restore + tail replay");
                 assert_eq!(
                     store.applied_offset().unwrap(),
                     ls.store().applied_offset().unwrap()
@@ -167,14 +136,7 @@ async fn run(ops: Vec<Op>) {
     // its offset: the delta chains merge exactly.
     for (m, model) in &taken {
         let rdir = tempfile::tempdir().unwrap();
-        let (store, _) = format()
-            .restore(
-                m,
-                statesnap::format::RestoreContext {
-                    repo: &repo,
-                    target: rdir.path(),
-                },
-            )
+        let (store, _) = restore_snapshot(&format(), m, &repo, rdir.path())
             .await
             .unwrap();
         assert_eq!(&contents(&store), model, "snapshot {}", m.snapshot_id);
@@ -187,11 +149,6 @@ proptest! {
 
     #[test]
     fn memory_store_through_portable_matches_model(ops in proptest::collection::vec(op(), 1..150)) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(run(ops));
+        rt().block_on(run(ops));
     }
 }

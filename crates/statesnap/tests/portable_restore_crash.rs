@@ -20,12 +20,9 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use statesnap::Result;
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
+use statesnap::changelog::{Changelog, ChangelogBinding, Record};
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
-use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{Repository, RepositoryOptions, StoreKey};
-use statesnap::snapshot::commit_snapshot;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
 use statesnap::store::{KvIter, SizeEstimate, StateStore};
 
@@ -37,14 +34,6 @@ const SNAPSHOT_OFFSET: u64 = 999;
 const OLD_OFFSET: u64 = 10;
 
 type Model = BTreeMap<Bytes, Bytes>;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn sk() -> StoreKey {
     StoreKey::new("crash", "restore", 0).unwrap()
@@ -58,7 +47,7 @@ fn target(dir: &Path) -> PathBuf {
     dir.join("store")
 }
 
-use common::contents;
+use common::{contents, rt};
 
 fn snapshot_model() -> Model {
     (0..KEYS)
@@ -153,17 +142,9 @@ async fn restore_latest(dir: &Path, abort_at: Option<u64>) -> Aborting {
         .unwrap();
     let snap = repo.latest(&sk()).await.unwrap().unwrap();
     let target = target(dir);
-    let (store, _) = aborting_format(abort_at)
-        .restore(
-            &snap.manifest,
-            RestoreContext {
-                repo: &repo,
-                target: &target,
-            },
-        )
-        .await
-        .unwrap();
-    store
+    let format = aborting_format(abort_at);
+    let restored = common::restore_snapshot(&format, &snap.manifest, &repo, &target).await;
+    restored.unwrap().0
 }
 
 /// The child: restores the latest snapshot over the target, then says so.
@@ -259,21 +240,14 @@ fn crash_mid_portable_restore_never_leaves_a_partial_store() {
         let f = PortableFormat::new(|p: &Path| RocksStore::open(p, &RocksOptions::default()));
         // A changelog that reaches the snapshot's offset (its records are
         // markers: the test restores the snapshot alone, never the tail).
-        let log = FileChangelog::open(
-            dir.join("log"),
-            ChangelogId::for_store("crash", "restore", 0).unwrap(),
-            FileChangelogOptions::default(),
-        )
-        .unwrap();
+        let log = common::file_log(&dir.join("log"), "crash", "restore");
         let markers: Vec<Record> = (0..=SNAPSHOT_OFFSET)
             .map(|_| Record::delete("marker"))
             .collect();
         log.append(&markers).unwrap();
         let mut s = RocksStore::open(&source, &RocksOptions::default()).unwrap();
         s.bind(&ChangelogBinding::of(&log).unwrap()).unwrap();
-        commit_snapshot(&f, f.capture(&s).unwrap(), &repo, &sk(), &log, None)
-            .await
-            .unwrap();
+        common::snapshot(&f, &s, &repo, &sk(), &log, None).await;
     });
 
     let mut seen = BTreeMap::<&str, u32>::new();

@@ -63,6 +63,25 @@ async fn setup() -> Setup {
     }
 }
 
+impl Setup {
+    /// A fault-injecting store over the setup's, and a repository on it.
+    fn faulty(&self, cfg: FaultConfig) -> (FaultyStore, Repository) {
+        let faulty = FaultyStore::new(Arc::clone(&self.base), cfg);
+        let repo = good(
+            &(Arc::new(faulty.clone()) as Arc<dyn ObjectStore>),
+            &self.clock,
+        );
+        (faulty, repo)
+    }
+
+    /// How many object-store operations `write_child` makes from here on.
+    async fn ops_of_clean_commit(self) -> u64 {
+        let (faulty, repo) = self.faulty(FaultConfig::default());
+        write_child(repo, self.parent_files).await.unwrap();
+        faulty.ops()
+    }
+}
+
 fn good(base: &Arc<dyn ObjectStore>, clock: &ManualClock) -> Repository {
     Repository::from_store(Arc::clone(base), "")
         .unwrap()
@@ -111,47 +130,27 @@ async fn check_invariants(
     listing.snapshots.len()
 }
 
-async fn ops_of_clean_commit() -> u64 {
-    let s = setup().await;
-    let faulty = FaultyStore::new(Arc::clone(&s.base), FaultConfig::default());
-    let repo = good(
-        &(Arc::new(faulty.clone()) as Arc<dyn ObjectStore>),
-        &s.clock,
-    );
-    write_child(repo, s.parent_files).await.unwrap();
-    faulty.ops()
-}
-
 #[tokio::test]
 async fn crash_after_every_operation_of_a_commit_leaves_a_complete_snapshot_or_none() {
-    let total = ops_of_clean_commit().await;
+    let total = setup().await.ops_of_clean_commit().await;
     assert!(
         total >= 10,
         "commit too short to be interesting: {total} ops"
     );
     for n in 0..=total {
         let s = setup().await;
-        let faulty = FaultyStore::new(
-            Arc::clone(&s.base),
-            FaultConfig {
-                crash_after: Some(n),
-                ..Default::default()
-            },
-        );
-        let repo = good(
-            &(Arc::new(faulty.clone()) as Arc<dyn ObjectStore>),
-            &s.clock,
-        );
+        let (_, repo) = s.faulty(FaultConfig {
+            crash_after: Some(n),
+            ..Default::default()
+        });
         let res = write_child(repo, s.parent_files.clone()).await;
         let snapshots = check_invariants(&s.base, &s.clock, false).await;
         if n == total {
             assert!(res.is_ok(), "all ops allowed but commit failed: {res:?}");
             assert_eq!(snapshots, 2);
         } else {
-            assert!(
-                res.is_err(),
-                "crash after {n} ops but commit reported success"
-            );
+            let err = res.expect_err(&format!("crash after {n} ops but commit reported success"));
+            assert_eq!(err.kind(), ErrorKind::Transient, "crash after {n}: {err}");
             assert_eq!(
                 snapshots, 1,
                 "crash after {n}: a snapshot appeared without a successful commit"
@@ -183,8 +182,7 @@ async fn random_faults_by_seed_never_leave_a_manifest_with_a_bad_blob() {
             shuffle_listings: true,
             ..Default::default()
         };
-        let faulty = FaultyStore::new(Arc::clone(&s.base), cfg);
-        let repo = good(&(Arc::new(faulty) as Arc<dyn ObjectStore>), &s.clock);
+        let (_, repo) = s.faulty(cfg);
         // A snapshotter retries a failed snapshot a few times.
         for _ in 0..4 {
             if write_child(repo.clone(), s.parent_files.clone())
@@ -212,32 +210,18 @@ async fn random_faults_by_seed_never_leave_a_manifest_with_a_bad_blob() {
 #[tokio::test]
 async fn gc_at_every_step_of_a_commit_never_deletes_a_referenced_blob() {
     // Count the writer's ops in the scenario (parent manifest deleted, blobs old).
-    let total = {
-        let s = setup().await;
-        drop_parent(&s).await;
-        s.clock.advance_ms(2 * HOUR);
-        let faulty = FaultyStore::new(Arc::clone(&s.base), FaultConfig::default());
-        let repo = good(
-            &(Arc::new(faulty.clone()) as Arc<dyn ObjectStore>),
-            &s.clock,
-        );
-        write_child(repo, s.parent_files).await.unwrap();
-        faulty.ops()
-    };
+    let total = parent_dropped_two_hours_ago()
+        .await
+        .ops_of_clean_commit()
+        .await;
     let gc = GcOptions::default();
     let grace = i64::try_from(gc.grace.as_millis()).unwrap();
     let mut runs = 0;
     for k in 0..total {
         for sweep_while_paused in [false, true] {
-            let s = setup().await;
-            drop_parent(&s).await;
-            s.clock.advance_ms(2 * HOUR);
-            let faulty = FaultyStore::new(Arc::clone(&s.base), FaultConfig::default());
+            let s = parent_dropped_two_hours_ago().await;
+            let (faulty, repo) = s.faulty(FaultConfig::default());
             let mut pause = faulty.pause_before(k);
-            let repo = good(
-                &(Arc::new(faulty.clone()) as Arc<dyn ObjectStore>),
-                &s.clock,
-            );
             let writer = tokio::spawn(write_child(repo, s.parent_files.clone()));
             assert!(pause.reached().await, "op {k} not reached");
             let paused_op = faulty.op_log().last().cloned().unwrap_or_default();
@@ -287,10 +271,15 @@ async fn gc_at_every_step_of_a_commit_never_deletes_a_referenced_blob() {
     println!("gc interleavings exercised: {runs} (writer ops: {total})");
 }
 
-async fn drop_parent(s: &Setup) {
+/// The setup with its parent snapshot deleted and its clock two hours on:
+/// the parent's blobs are old and no manifest references them.
+async fn parent_dropped_two_hours_ago() -> Setup {
+    let s = setup().await;
     let repo = good(&s.base, &s.clock);
     let latest = repo.latest(&sk()).await.unwrap().unwrap();
     repo.delete_snapshot(&sk(), latest.id()).await.unwrap();
+    s.clock.advance_ms(2 * HOUR);
+    s
 }
 
 #[tokio::test]
@@ -305,14 +294,10 @@ async fn gc_with_faults_never_deletes_a_referenced_blob() {
     let gc = GcOptions::default();
     let mut n = 0;
     loop {
-        let faulty = FaultyStore::new(
-            Arc::clone(&s.base),
-            FaultConfig {
-                crash_after: Some(n),
-                ..Default::default()
-            },
-        );
-        let frepo = good(&(Arc::new(faulty) as Arc<dyn ObjectStore>), &s.clock);
+        let (_, frepo) = s.faulty(FaultConfig {
+            crash_after: Some(n),
+            ..Default::default()
+        });
         let res = frepo.gc_store(&sk(), &gc).await;
         check_invariants(&s.base, &s.clock, false).await;
         s.clock.advance_ms(HOUR + 1);

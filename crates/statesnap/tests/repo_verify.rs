@@ -6,20 +6,15 @@
 
 mod common;
 
-use object_store::ObjectStore;
-use object_store::memory::InMemory;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use statesnap::ErrorKind;
-use statesnap::changelog::ChangelogId;
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
+use statesnap::changelog::file::FileChangelog;
 use statesnap::format::StoreFormat;
 use statesnap::format::portable::PortableFormat;
 use statesnap::repo::paths::{self, ParsedKey};
-use statesnap::repo::{Repository, StoreKey, VerifyOptions};
-use statesnap::restore::{RestoreOptions, restore_store};
+use statesnap::repo::{StoreKey, VerifyOptions};
 use statesnap::snapshot::commit_snapshot;
-use statesnap::store::StateStoreExt;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
 
@@ -30,14 +25,8 @@ fn sk() -> StoreKey {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_finds_quarantines_and_the_next_snapshot_heals() {
     let dir = tempfile::tempdir().unwrap();
-    let base: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let repo = Repository::from_store(Arc::clone(&base), "").unwrap();
-    let log = FileChangelog::open(
-        dir.path().join("log"),
-        ChangelogId::for_store("app", "verify", 0).unwrap(),
-        FileChangelogOptions::default(),
-    )
-    .unwrap();
+    let (repo, base) = common::memory_repo();
+    let log = common::file_log(&dir.path().join("log"), "app", "verify");
     let mut s = LoggedStore::new(MemoryStore::new(), log).unwrap();
     for i in 0..20_000u32 {
         s.put(format!("key-{i:06}"), format!("value-{i}-{}", i * 7));
@@ -108,21 +97,14 @@ async fn verify_finds_quarantines_and_the_next_snapshot_heals() {
         .await
         .unwrap();
     assert!(third.stats.bytes_uploaded > 0);
-    let want: Vec<_> = s.store().iter().unwrap().map(|kv| kv.unwrap()).collect();
+    let want = common::contents(s.store());
     let (_, log) = s.into_parts();
-    let (restored, r) = restore_store(
-        &format,
-        &repo,
-        &sk(),
-        &log,
-        &dir.path().join("restored"),
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let target = dir.path().join("restored");
+    let (restored, r) = common::restore_latest(&format, &repo, &sk(), &log, &target)
+        .await
+        .unwrap();
     assert_eq!(r.snapshot, Some(third.snapshot_id));
-    let got: Vec<_> = restored.iter().unwrap().map(|kv| kv.unwrap()).collect();
-    assert_eq!(got, want);
+    assert_eq!(common::contents(&restored), want);
     // Content addressing: the re-uploaded bytes are exactly what the older
     // two snapshots named, so they are whole again too.
     let after = repo

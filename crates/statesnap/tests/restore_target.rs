@@ -5,18 +5,15 @@
 #![cfg(feature = "rocksdb")]
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
-use std::sync::Arc;
+mod common;
 
-use object_store::memory::InMemory;
+use std::path::{Path, PathBuf};
+
 use statesnap::ErrorKind;
-use statesnap::changelog::ChangelogId;
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::format::StoreFormat;
+use statesnap::changelog::file::FileChangelog;
 use statesnap::format::rocks::RocksFormat;
 use statesnap::repo::{Repository, StoreKey};
-use statesnap::restore::{RestoreOptions, restore_store};
-use statesnap::snapshot::commit_snapshot;
+use statesnap::restore::{RestoreOptions, RestoreReport, restore_store};
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
 use statesnap::store::{STORE_MARKER, StateStore};
@@ -25,17 +22,36 @@ fn sk() -> StoreKey {
     StoreKey::new("app", "target", 0).unwrap()
 }
 
-/// A repository holding one RocksDB snapshot of a few thousand keys, and
-/// the changelog it follows.
-async fn setup(dir: &Path) -> (Repository, FileChangelog, RocksFormat) {
-    let log = FileChangelog::open(
-        dir.join("log"),
-        ChangelogId::for_store("app", "target", 0).unwrap(),
-        FileChangelogOptions::default(),
-    )
-    .unwrap();
+/// A repository holding one RocksDB snapshot of a few thousand keys, the
+/// changelog it follows, and the format that wrote it.
+struct Fixture {
+    dir: tempfile::TempDir,
+    repo: Repository,
+    log: FileChangelog,
+    format: RocksFormat,
+}
+
+impl Fixture {
+    /// A path in the fixture's directory.
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `restore_store` of the fixture's store into `target`.
+    async fn restore(
+        &self,
+        target: &Path,
+        opts: &RestoreOptions,
+    ) -> statesnap::Result<(RocksStore, RestoreReport)> {
+        restore_store(&self.format, &self.repo, &sk(), &self.log, target, opts).await
+    }
+}
+
+async fn setup() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let log = common::file_log(&dir.path().join("log"), "app", "target");
     let format = RocksFormat::new(RocksOptions::default());
-    let store = RocksStore::open(dir.join("source"), &RocksOptions::default()).unwrap();
+    let store = RocksStore::open(dir.path().join("source"), &RocksOptions::default()).unwrap();
     let mut s = LoggedStore::new(store, log).unwrap();
     for i in 0..5_000u32 {
         s.put(format!("k{i:05}"), vec![b'v'; 200]);
@@ -44,33 +60,27 @@ async fn setup(dir: &Path) -> (Repository, FileChangelog, RocksFormat) {
         }
     }
     s.store().flush().unwrap();
-    let repo = Repository::from_store(Arc::new(InMemory::new()), "").unwrap();
-    let cut = format.capture(s.store()).unwrap();
-    commit_snapshot(&format, cut, &repo, &sk(), s.changelog(), None)
-        .await
-        .unwrap();
+    let (repo, _) = common::memory_repo();
+    common::snapshot(&format, s.store(), &repo, &sk(), s.changelog(), None).await;
     let (_, log) = s.into_parts();
-    (repo, log, format)
+    Fixture {
+        dir,
+        repo,
+        log,
+        format,
+    }
 }
 
 /// Restoring into `target` fails `config` naming `why`, from a snapshot and
 /// by full replay, even with `replace_unmarked`.
-async fn refused_even_when_adopted(
-    repo: &Repository,
-    log: &FileChangelog,
-    format: &RocksFormat,
-    target: &Path,
-    why: &str,
-) {
+async fn refused_even_when_adopted(fx: &Fixture, target: &Path, why: &str) {
     for full_replay in [false, true] {
         let opts = RestoreOptions {
             full_replay,
             replace_unmarked: true,
             ..RestoreOptions::default()
         };
-        let err = restore_store(format, repo, &sk(), log, target, &opts)
-            .await
-            .unwrap_err();
+        let err = fx.restore(target, &opts).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
         assert!(err.message().contains(why), "{err}");
     }
@@ -78,21 +88,13 @@ async fn refused_even_when_adopted(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_empty_foreign_directory_is_refused_unless_adopted() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, log, format) = setup(dir.path()).await;
-    let target = dir.path().join("home");
-    std::fs::create_dir_all(&target).unwrap();
-    std::fs::write(target.join("thesis.tex"), b"years of work").unwrap();
-    let err = restore_store(
-        &format,
-        &repo,
-        &sk(),
-        &log,
-        &target,
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap_err();
+    let fx = setup().await;
+    let target = fx.path("home");
+    common::dir_with_file(&target, "thesis.tex", b"years of work");
+    let err = fx
+        .restore(&target, &RestoreOptions::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     assert!(err.message().contains("not a statesnap store"), "{err}");
     assert_eq!(
@@ -104,9 +106,7 @@ async fn a_non_empty_foreign_directory_is_refused_unless_adopted() {
         full_replay: true,
         ..RestoreOptions::default()
     };
-    let err = restore_store(&format, &repo, &sk(), &log, &target, &opts)
-        .await
-        .unwrap_err();
+    let err = fx.restore(&target, &opts).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     assert!(target.join("thesis.tex").exists());
 
@@ -115,39 +115,28 @@ async fn a_non_empty_foreign_directory_is_refused_unless_adopted() {
         replace_unmarked: true,
         ..RestoreOptions::default()
     };
-    let (store, report) = restore_store(&format, &repo, &sk(), &log, &target, &opts)
-        .await
-        .unwrap();
+    let (store, report) = fx.restore(&target, &opts).await.unwrap();
     assert!(report.snapshot.is_some());
     assert!(!target.join("thesis.tex").exists());
     assert!(target.join(STORE_MARKER).is_file());
     assert!(store.get(b"k00042").unwrap().is_some());
     drop(store);
     // A restored store is marked: the next restore replaces it silently.
-    restore_store(
-        &format,
-        &repo,
-        &sk(),
-        &log,
-        &target,
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    fx.restore(&target, &RestoreOptions::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_symlinked_target_is_refused_and_its_destination_untouched() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, log, format) = setup(dir.path()).await;
-    let elsewhere = dir.path().join("elsewhere");
-    std::fs::create_dir_all(&elsewhere).unwrap();
-    std::fs::write(elsewhere.join("precious"), b"keep me").unwrap();
+    let fx = setup().await;
+    let elsewhere = fx.path("elsewhere");
+    common::dir_with_file(&elsewhere, "precious", b"keep me");
     // Even a marked directory behind a symlink.
     std::fs::write(elsewhere.join(STORE_MARKER), b"").unwrap();
-    let link = dir.path().join("link");
+    let link = fx.path("link");
     std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
-    refused_even_when_adopted(&repo, &log, &format, &link, "symbolic link").await;
+    refused_even_when_adopted(&fx, &link, "symbolic link").await;
     assert_eq!(
         std::fs::read(elsewhere.join("precious")).unwrap(),
         b"keep me"
@@ -162,19 +151,12 @@ async fn a_symlinked_target_is_refused_and_its_destination_untouched() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_first_reuse_never_follows_or_carries_a_symlink() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, log, format) = setup(dir.path()).await;
-    let target = dir.path().join("restored");
-    let (store, _) = restore_store(
-        &format,
-        &repo,
-        &sk(),
-        &log,
-        &target,
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let fx = setup().await;
+    let target = fx.path("restored");
+    let (store, _) = fx
+        .restore(&target, &RestoreOptions::default())
+        .await
+        .unwrap();
     drop(store);
     // Swap one SST of the local store for a symlink to a copy of it outside.
     let sst = std::fs::read_dir(&target)
@@ -182,21 +164,15 @@ async fn local_first_reuse_never_follows_or_carries_a_symlink() {
         .map(|e| e.unwrap().path())
         .find(|p| p.extension().is_some_and(|e| e == "sst"))
         .unwrap();
-    let outside = dir.path().join("outside.sst");
+    let outside = fx.path("outside.sst");
     std::fs::copy(&sst, &outside).unwrap();
     std::fs::remove_file(&sst).unwrap();
     std::os::unix::fs::symlink(&outside, &sst).unwrap();
 
-    let (store, report) = restore_store(
-        &format,
-        &repo,
-        &sk(),
-        &log,
-        &target,
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let (store, report) = fx
+        .restore(&target, &RestoreOptions::default())
+        .await
+        .unwrap();
     assert!(
         report.transfer.files_downloaded >= 1,
         "{:?}",
@@ -229,9 +205,8 @@ impl Drop for Mounted {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "mounts a tmpfs, so it needs root; scripts/test.sh runs it (--ignored) when root"]
 async fn a_mount_point_target_is_refused_and_left_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, log, format) = setup(dir.path()).await;
-    let target = dir.path().join("mnt");
+    let fx = setup().await;
+    let target = fx.path("mnt");
     std::fs::create_dir_all(&target).unwrap();
     let status = std::process::Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=16m", "statesnap-test"])
@@ -241,7 +216,7 @@ async fn a_mount_point_target_is_refused_and_left_whole() {
     assert!(status.success(), "mount -t tmpfs failed: run as root");
     let _mounted = Mounted(target.clone());
     std::fs::write(target.join("precious"), b"keep me").unwrap();
-    refused_even_when_adopted(&repo, &log, &format, &target, "mount point").await;
+    refused_even_when_adopted(&fx, &target, "mount point").await;
     assert_eq!(std::fs::read(target.join("precious")).unwrap(), b"keep me");
     let mut names: Vec<_> = std::fs::read_dir(&target)
         .unwrap()
@@ -254,15 +229,9 @@ async fn a_mount_point_target_is_refused_and_left_whole() {
         "nothing written into the mount, not even a marker"
     );
     // A directory inside the mount is fine.
-    let (store, _) = restore_store(
-        &format,
-        &repo,
-        &sk(),
-        &log,
-        &target.join("store"),
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let (store, _) = fx
+        .restore(&target.join("store"), &RestoreOptions::default())
+        .await
+        .unwrap();
     assert!(store.get(b"k00042").unwrap().is_some());
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 use proptest::prelude::*;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,24 +20,19 @@ use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolic
 use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
 use statesnap::clock::{Clock, ManualClock, SystemClock};
 use statesnap::format::rocks::RocksFormat;
-use statesnap::format::{RestoreContext, RestoreStats, StoreFormat};
+use statesnap::format::{RestoreStats, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
-use statesnap::repo::{GcOptions, Manifest, Repository, StoreKey};
-use statesnap::restore::{ReplayOptions, RestoreOptions, replay, restore_store};
+use statesnap::repo::{FileEntry, GcOptions, Manifest, Repository, StoreKey};
+use statesnap::restore::RestoreReport;
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
-use statesnap::store::{StateStore, StateStoreExt, ensure_follows};
+use statesnap::store::{StateStore, ensure_follows};
 
-type Model = BTreeMap<Vec<u8>, Vec<u8>>;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use common::{
+    Kv as Model, apply_to, contents, memory_repo, noise, replay_tail, restore_latest,
+    restore_snapshot, rt, snapshot, write_both,
+};
 
 fn opts() -> RocksOptions {
     RocksOptions {
@@ -56,21 +51,6 @@ fn id() -> ChangelogId {
     ChangelogId::for_store("app", "rocks", 0).unwrap()
 }
 
-fn contents(s: &impl StateStore) -> Model {
-    s.iter()
-        .unwrap()
-        .map(|r| {
-            let (k, v) = r.unwrap();
-            (k.to_vec(), v.to_vec())
-        })
-        .collect()
-}
-
-fn mem_repo() -> (Repository, Arc<dyn ObjectStore>) {
-    let base: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    (Repository::from_store(Arc::clone(&base), "").unwrap(), base)
-}
-
 /// A changelog for tests that load stores in bulk ([`fill`]); fsynced only
 /// when a snapshot asks.
 fn test_log(dir: &Path) -> FileChangelog {
@@ -85,34 +65,13 @@ fn test_log(dir: &Path) -> FileChangelog {
     .unwrap()
 }
 
-async fn snapshot(
-    format: &RocksFormat,
-    store: &RocksStore,
-    repo: &Repository,
-    log: &FileChangelog,
-    parent: Option<&Manifest>,
-) -> Manifest {
-    let cut = format.capture(store).unwrap();
-    commit_snapshot(format, cut, repo, &sk(), log, parent)
-        .await
-        .unwrap()
+fn key(i: u32) -> Bytes {
+    Bytes::from(format!("key-{i:06}"))
 }
 
-/// Deterministic pseudo-random bytes (incompressible-ish values).
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-fn key(i: u32) -> Vec<u8> {
-    format!("key-{i:06}").into_bytes()
+/// The value `fill` and `two_snapshots` write at `key(i)` for `seed`.
+fn value(seed: u64, i: u32) -> Bytes {
+    Bytes::from(noise(seed ^ u64::from(i), 100))
 }
 
 /// Puts `key(i) = noise(seed ^ i)` for `range`, 500 per batch, each batch
@@ -132,9 +91,9 @@ fn fill(
         batch.clear();
     };
     for i in range {
-        let v = noise(seed ^ u64::from(i), 100);
+        let v = value(seed, i);
         model.insert(key(i), v.clone());
-        batch.push(Record::put(Bytes::from(key(i)), Bytes::from(v)));
+        batch.push(Record::put(key(i), v));
         if batch.len() == 500 {
             flush(&mut batch, store);
         }
@@ -212,8 +171,8 @@ fn run_model(ops: Vec<Op>) {
     let store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
     let mut ls = LoggedStore::new(store, log).unwrap();
     let format = RocksFormat::new(opts());
-    let (repo, _) = mem_repo();
-    let mut committed: Model = BTreeMap::new();
+    let (repo, _) = memory_repo();
+    let mut committed = Model::new();
     let mut pending: Vec<(Bytes, Option<Bytes>)> = Vec::new();
     // (manifest, model at its offset)
     let mut snaps: Vec<(Manifest, Model)> = Vec::new();
@@ -221,12 +180,7 @@ fn run_model(ops: Vec<Op>) {
                   pending: &mut Vec<(Bytes, Option<Bytes>)>,
                   committed: &mut Model| {
         ls.commit().unwrap();
-        for (k, v) in pending.drain(..) {
-            match v {
-                Some(v) => committed.insert(k.to_vec(), v.to_vec()),
-                None => committed.remove(&k.to_vec()),
-            };
-        }
+        apply_to(committed, pending.drain(..));
     };
     for op in ops {
         match op {
@@ -250,6 +204,7 @@ fn run_model(ops: Vec<Op>) {
                     &format,
                     ls.store(),
                     &repo,
+                    &sk(),
                     ls.changelog(),
                     parent.as_ref(),
                 ));
@@ -271,13 +226,7 @@ fn run_model(ops: Vec<Op>) {
     for (i, (m, at_snapshot)) in snaps.iter().enumerate() {
         let target = dir.path().join(format!("restored-{i}"));
         let (mut store, stats) = rt
-            .block_on(format.restore(
-                m,
-                RestoreContext {
-                    repo: &repo,
-                    target: &target,
-                },
-            ))
+            .block_on(restore_snapshot(&format, m, &repo, &target))
             .unwrap();
         assert_eq!(stats.files_downloaded as usize, m.files.len());
         // Exactly the snapshot's cut ...
@@ -289,27 +238,14 @@ fn run_model(ops: Vec<Op>) {
         );
         assert_eq!(store.applied_offset().unwrap(), Some(m.changelog.offset));
         // ... and, with the tail replayed, exactly the changelog end.
-        replay(
-            &mut store,
-            changelog,
-            &ReplayOptions::default(),
-            &mut |_| {},
-        )
-        .unwrap();
+        replay_tail(&mut store, changelog);
         assert_eq!(contents(&store), committed, "snapshot {i} + tail");
     }
     // The full restore path picks the newest snapshot and replays the tail.
     if changelog.end_offset().unwrap() > 0 {
         let target = dir.path().join("restored-latest");
         let (store, report) = rt
-            .block_on(restore_store(
-                &format,
-                &repo,
-                &sk(),
-                changelog,
-                &target,
-                &RestoreOptions::default(),
-            ))
+            .block_on(restore_latest(&format, &repo, &sk(), changelog, &target))
             .unwrap();
         assert_eq!(report.snapshot, snaps.last().map(|(m, _)| m.snapshot_id));
         assert!(report.skipped.is_empty(), "{:?}", report.skipped);
@@ -332,10 +268,7 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
     let rt = rt();
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(SystemClock.now_ms());
-    let base: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let repo = Repository::from_store(Arc::clone(&base), "")
-        .unwrap()
-        .with_clock(Arc::new(clock.clone()));
+    let repo = memory_repo().0.with_clock(Arc::new(clock.clone()));
     let format = RocksFormat::new(opts());
     let mut store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
     let log = test_log(dir.path());
@@ -345,7 +278,7 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
     // One compacted run, so the 1 % change below does not trigger a compaction.
     store.flush().unwrap();
     store.db().compact_range::<&[u8], &[u8]>(None, None);
-    let parent = rt.block_on(snapshot(&format, &store, &repo, &log, None));
+    let parent = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, None));
     assert!(parent.stats.bytes_uploaded > 500_000, "{:?}", parent.stats);
     assert_eq!(parent.stats.bytes_reused, 0);
     assert!(
@@ -357,7 +290,7 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
     // Change 1 % of the keys, flush, snapshot again.
     fill(&log, &mut store, &mut model, (0..n).step_by(100), 2);
     store.flush().unwrap();
-    let child = rt.block_on(snapshot(&format, &store, &repo, &log, Some(&parent)));
+    let child = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, Some(&parent)));
     let parent_paths: BTreeSet<&str> = parent.files.iter().map(|f| f.path.as_str()).collect();
     let parent_hashes: BTreeSet<_> = parent.files.iter().map(|f| f.blake3).collect();
     let new_sst: u64 = child
@@ -408,13 +341,7 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
     assert!(deleted > 0, "gc should delete the parent's unshared blobs");
     let target = dir.path().join("restored");
     let (restored, _) = rt
-        .block_on(format.restore(
-            &child,
-            RestoreContext {
-                repo: &repo,
-                target: &target,
-            },
-        ))
+        .block_on(restore_snapshot(&format, &child, &repo, &target))
         .unwrap();
     assert_eq!(contents(&restored), model);
 }
@@ -423,6 +350,7 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
 
 /// A changelog-backed store with two snapshots; returns the manifests.
 struct TwoSnaps {
+    rt: tokio::runtime::Runtime,
     dir: tempfile::TempDir,
     log: FileChangelog,
     repo: Repository,
@@ -437,28 +365,57 @@ impl TwoSnaps {
     /// Restores snapshot `m` into `target` with the fixture's format.
     fn restore(
         &self,
-        rt: &tokio::runtime::Runtime,
         m: &Manifest,
         target: &Path,
     ) -> statesnap::Result<(RocksStore, RestoreStats)> {
-        rt.block_on(self.format.restore(
-            m,
-            RestoreContext {
-                repo: &self.repo,
+        self.rt
+            .block_on(restore_snapshot(&self.format, m, &self.repo, target))
+    }
+
+    /// `restore_store` into `target`: the newest usable snapshot + the tail.
+    fn restore_latest(&self, target: &Path) -> (RocksStore, RestoreReport) {
+        self.rt
+            .block_on(restore_latest(
+                &self.format,
+                &self.repo,
+                &sk(),
+                &self.log,
                 target,
-            },
-        ))
+            ))
+            .unwrap()
+    }
+
+    /// A marked store directory (restores may replace it, but only whole)
+    /// holding a file `precious`.
+    fn precious_target(&self) -> PathBuf {
+        let target = self.dir.path().join("target");
+        common::dir_with_file(&target, "precious", b"keep me");
+        statesnap::store::mark_store_dir(&target).unwrap();
+        target
+    }
+
+    /// `target` (from `precious_target`) holds what it held, and no
+    /// restore left a staging or old directory behind.
+    fn assert_untouched(&self, target: &Path, context: &str) {
+        assert_eq!(
+            dir_listing(target),
+            BTreeSet::from([".statesnap-store".to_owned(), "precious".to_owned()]),
+            "{context}"
+        );
+        for leftover in ["statesnap-restore", ".target.statesnap-"] {
+            assert_eq!(
+                entries_with(self.dir.path(), leftover),
+                Vec::<String>::new(),
+                "{context}"
+            );
+        }
     }
 }
 
-fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
+fn two_snapshots() -> TwoSnaps {
+    let rt = rt();
     let dir = tempfile::tempdir().unwrap();
-    let log = FileChangelog::open(
-        dir.path().join("log"),
-        id(),
-        FileChangelogOptions::default(),
-    )
-    .unwrap();
+    let log = common::file_log(&dir.path().join("log"), "app", "rocks");
     let store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
     let mut ls = LoggedStore::new(store, log).unwrap();
     let mut model = Model::new();
@@ -466,9 +423,7 @@ fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
                      range: std::ops::Range<u32>,
                      seed: u64| {
         for i in range {
-            let v = noise(seed ^ u64::from(i), 100);
-            model.insert(key(i), v.clone());
-            ls.put(Bytes::from(key(i)), Bytes::from(v));
+            write_both(ls, &mut model, key(i), Some(value(seed, i)));
             if i.is_multiple_of(500) {
                 ls.commit().unwrap();
             }
@@ -477,19 +432,28 @@ fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
     };
     write(&mut ls, 0..3000, 1);
     let format = RocksFormat::new(opts());
-    let (repo, base) = mem_repo();
-    let old = rt.block_on(snapshot(&format, ls.store(), &repo, ls.changelog(), None));
+    let (repo, base) = memory_repo();
+    let old = rt.block_on(snapshot(
+        &format,
+        ls.store(),
+        &repo,
+        &sk(),
+        ls.changelog(),
+        None,
+    ));
     write(&mut ls, 3000..6000, 2);
     let new = rt.block_on(snapshot(
         &format,
         ls.store(),
         &repo,
+        &sk(),
         ls.changelog(),
         Some(&old),
     ));
     write(&mut ls, 6000..6100, 3);
     let (_store, log) = ls.into_parts();
     TwoSnaps {
+        rt,
         dir,
         log,
         repo,
@@ -501,56 +465,53 @@ fn two_snapshots(rt: &tokio::runtime::Runtime) -> TwoSnaps {
     }
 }
 
-async fn flip_byte(base: &Arc<dyn ObjectStore>, m: &Manifest, path: &str) {
-    let f = m.files.iter().find(|f| f.path == path).unwrap();
-    common::rot_blob(base, &m.store_key, &f.blake3, 0x01).await;
+impl TwoSnaps {
+    /// Flips a bit of the stored blob of `path` in snapshot `m` (or flips
+    /// it back).
+    fn flip_byte(&self, m: &Manifest, path: &str) {
+        let f = m.files.iter().find(|f| f.path == path).unwrap();
+        self.rt
+            .block_on(common::rot_blob(&self.base, &m.store_key, &f.blake3, 0x01));
+    }
+
+    /// The files of the newer snapshot that the older one does not hold.
+    fn new_files(&self) -> impl Iterator<Item = &FileEntry> {
+        let old: BTreeSet<_> = self.old.files.iter().map(|f| f.blake3).collect();
+        self.new
+            .files
+            .iter()
+            .filter(move |f| !old.contains(&f.blake3))
+    }
+}
+
+/// The SST files of snapshot `m`.
+fn ssts(m: &Manifest) -> impl Iterator<Item = &FileEntry> {
+    m.files.iter().filter(|f| f.path.ends_with(".sst"))
+}
+
+/// The path of the largest of `files`.
+fn largest<'a>(files: impl Iterator<Item = &'a FileEntry>) -> String {
+    files.max_by_key(|f| f.size).unwrap().path.clone()
 }
 
 #[test]
 fn corrupt_sst_fails_restore_naming_the_file_and_restore_store_falls_back() {
-    let rt = rt();
-    let s = two_snapshots(&rt);
-    let old_hashes: BTreeSet<_> = s.old.files.iter().map(|f| f.blake3).collect();
-    let victim = s
-        .new
-        .files
-        .iter()
-        .filter(|f| f.path.ends_with(".sst") && !old_hashes.contains(&f.blake3))
-        .max_by_key(|f| f.size)
-        .unwrap()
-        .path
-        .clone();
-    rt.block_on(flip_byte(&s.base, &s.new, &victim));
+    let s = two_snapshots();
+    let victim = largest(s.new_files().filter(|f| f.path.ends_with(".sst")));
+    s.flip_byte(&s.new, &victim);
 
     // A target with a previous store in it stays exactly as it was.
-    let target = s.dir.path().join("target");
-    std::fs::create_dir_all(&target).unwrap();
-    std::fs::write(target.join("precious"), b"keep me").unwrap();
-    // A store directory (marked): restores may replace it, but only whole.
-    statesnap::store::mark_store_dir(&target).unwrap();
-    let err = s.restore(&rt, &s.new, &target).unwrap_err();
+    let target = s.precious_target();
+    let err = s.restore(&s.new, &target).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     assert!(
         err.to_string().contains(&format!("file=`{victim}`")),
         "{err}"
     );
-    assert_eq!(
-        dir_listing(&target),
-        BTreeSet::from([".statesnap-store".to_owned(), "precious".to_owned()])
-    );
-    assert!(entries_with(s.dir.path(), "statesnap-restore").is_empty());
+    s.assert_untouched(&target, "after the failed restore");
 
     // restore_store skips the corrupt snapshot and uses the older one.
-    let (store, report) = rt
-        .block_on(restore_store(
-            &s.format,
-            &s.repo,
-            &sk(),
-            &s.log,
-            &target,
-            &RestoreOptions::default(),
-        ))
-        .unwrap();
+    let (store, report) = s.restore_latest(&target);
     assert_eq!(report.snapshot, Some(s.old.snapshot_id));
     assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
     assert_eq!(report.skipped[0].id, s.new.snapshot_id);
@@ -564,29 +525,11 @@ fn corrupt_sst_fails_restore_naming_the_file_and_restore_store_falls_back() {
     drop(store);
 
     // Both corrupt: full replay, both skips recorded.
-    let old_sst = s
-        .old
-        .files
-        .iter()
-        .filter(|f| f.path.ends_with(".sst"))
-        .max_by_key(|f| f.size)
-        .unwrap()
-        .path
-        .clone();
-    rt.block_on(flip_byte(&s.base, &s.old, &old_sst));
+    let old_sst = largest(ssts(&s.old));
+    s.flip_byte(&s.old, &old_sst);
     // (Into a fresh directory: the old target holds verified copies of the
     // old snapshot's files, which local-first restore would rightly reuse.)
-    let fresh = s.dir.path().join("fresh");
-    let (store, report) = rt
-        .block_on(restore_store(
-            &s.format,
-            &s.repo,
-            &sk(),
-            &s.log,
-            &fresh,
-            &RestoreOptions::default(),
-        ))
-        .unwrap();
+    let (store, report) = s.restore_latest(&s.dir.path().join("fresh"));
     assert_eq!(report.snapshot, None);
     assert_eq!(report.skipped.len(), 2, "{:?}", report.skipped);
     assert!(report.skipped.iter().all(|k| k.kind == ErrorKind::Corrupt));
@@ -599,53 +542,36 @@ fn corrupt_sst_fails_restore_naming_the_file_and_restore_store_falls_back() {
 /// running and could re-create it). Repeated, since it is a race.
 #[test]
 fn a_failed_restore_never_leaves_staging_behind_whichever_file_is_corrupt() {
-    let rt = rt();
-    let s = two_snapshots(&rt);
-    let target = s.dir.path().join("target");
-    std::fs::create_dir_all(&target).unwrap();
-    std::fs::write(target.join("precious"), b"keep me").unwrap();
-    // A store directory (marked): restores may replace it, but only whole.
-    statesnap::store::mark_store_dir(&target).unwrap();
-    let old_hashes: BTreeSet<_> = s.old.files.iter().map(|f| f.blake3).collect();
+    let s = two_snapshots();
+    let target = s.precious_target();
     let victims: Vec<String> = s
-        .new
-        .files
-        .iter()
-        .filter(|f| !old_hashes.contains(&f.blake3) && f.size > 0)
+        .new_files()
+        .filter(|f| f.size > 0)
         .map(|f| f.path.clone())
         .collect();
     assert!(victims.len() >= 3, "{victims:?}");
     for victim in &victims {
-        rt.block_on(flip_byte(&s.base, &s.new, victim));
+        s.flip_byte(&s.new, victim);
         for round in 0..8 {
-            let err = s.restore(&rt, &s.new, &target).unwrap_err();
+            let err = s.restore(&s.new, &target).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
             assert!(err.to_string().contains(victim.as_str()), "{err}");
-            assert_eq!(
-                entries_with(s.dir.path(), ".target.statesnap-"),
-                Vec::<String>::new(),
-                "victim={victim} round={round}"
-            );
-            assert_eq!(
-                dir_listing(&target),
-                BTreeSet::from([".statesnap-store".to_owned(), "precious".to_owned()])
-            );
+            s.assert_untouched(&target, &format!("victim={victim} round={round}"));
         }
         // Put the byte back for the next victim.
-        rt.block_on(flip_byte(&s.base, &s.new, victim));
+        s.flip_byte(&s.new, victim);
     }
     // All intact again: the restore succeeds.
-    let (store, _) = s.restore(&rt, &s.new, &target).unwrap();
+    let (store, _) = s.restore(&s.new, &target).unwrap();
     assert!(store.applied_offset().unwrap() == Some(s.new.changelog.offset));
 }
 
 #[test]
 fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
-    let rt = rt();
-    let s = two_snapshots(&rt);
+    let s = two_snapshots();
     // The target holds a store restored from the older snapshot.
     let target = s.dir.path().join("target");
-    let (old_store, _) = s.restore(&rt, &s.old, &target).unwrap();
+    let (old_store, _) = s.restore(&s.old, &target).unwrap();
     let before_contents = contents(&old_store);
     drop(old_store);
 
@@ -663,14 +589,8 @@ fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
     ));
     let probe_repo =
         Repository::from_store(Arc::clone(&probe) as Arc<dyn ObjectStore>, "").unwrap();
-    rt.block_on(s.format.restore(
-        &s.new,
-        RestoreContext {
-            repo: &probe_repo,
-            target: &probe_dir,
-        },
-    ))
-    .unwrap();
+    s.rt.block_on(restore_snapshot(&s.format, &s.new, &probe_repo, &probe_dir))
+        .unwrap();
     let ops = probe.ops();
     assert!(ops > 3, "{ops}");
 
@@ -684,15 +604,9 @@ fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
             },
         ));
         let frepo = Repository::from_store(faulty as Arc<dyn ObjectStore>, "").unwrap();
-        let err = rt
-            .block_on(s.format.restore(
-                &s.new,
-                RestoreContext {
-                    repo: &frepo,
-                    target: &target,
-                },
-            ))
-            .unwrap_err();
+        let err =
+            s.rt.block_on(restore_snapshot(&s.format, &s.new, &frepo, &target))
+                .unwrap_err();
         assert!(
             matches!(err.kind(), ErrorKind::Transient),
             "crash after {n}: {err}"
@@ -711,17 +625,14 @@ fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
         drop(reopened);
     }
     let before = dir_listing(&target);
-    let (store, stats) = s.restore(&rt, &s.new, &target).unwrap();
+    let (store, stats) = s.restore(&s.new, &target).unwrap();
     assert_eq!(
         store.applied_offset().unwrap(),
         Some(s.new.changelog.offset)
     );
     // Local-first: SSTs shared with the old snapshot came from the old target.
-    let shared = s
-        .new
-        .files
-        .iter()
-        .filter(|f| f.path.ends_with(".sst") && before.contains(&f.path) && s.old.files.contains(f))
+    let shared = ssts(&s.new)
+        .filter(|f| before.contains(&f.path) && s.old.files.contains(f))
         .count();
     assert!(shared > 0);
     assert_eq!(stats.files_reused_locally as usize, shared, "{stats:?}");
@@ -730,38 +641,27 @@ fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
         s.new.files.len() as u64
     );
     let mut store = store;
-    replay(&mut store, &s.log, &ReplayOptions::default(), &mut |_| {}).unwrap();
+    replay_tail(&mut store, &s.log);
     assert_eq!(contents(&store), s.model);
 }
 
 #[test]
 fn local_file_with_same_name_and_size_but_other_bytes_is_not_reused() {
-    let rt = rt();
-    let s = two_snapshots(&rt);
+    let s = two_snapshots();
     let target = s.dir.path().join("target");
-    let (st, _) = s.restore(&rt, &s.old, &target).unwrap();
+    let (st, _) = s.restore(&s.old, &target).unwrap();
     drop(st);
     // Tamper with a local SST the snapshot also names: same name, same size.
-    let f = s
-        .old
-        .files
-        .iter()
-        .find(|f| f.path.ends_with(".sst"))
-        .unwrap();
+    let f = ssts(&s.old).next().unwrap();
     let p = target.join(&f.path);
     let mut b = std::fs::read(&p).unwrap();
     b[10] ^= 0xff;
     std::fs::remove_file(&p).unwrap();
     std::fs::write(&p, &b).unwrap();
-    let (store, stats) = s.restore(&rt, &s.old, &target).unwrap();
+    let (store, stats) = s.restore(&s.old, &target).unwrap();
     assert_eq!(
         stats.files_reused_locally as usize,
-        s.old
-            .files
-            .iter()
-            .filter(|f| f.path.ends_with(".sst"))
-            .count()
-            - 1,
+        ssts(&s.old).count() - 1,
         "{stats:?}"
     );
     assert_eq!(std::fs::read(&p).unwrap().len() as u64, f.size);
@@ -778,33 +678,27 @@ fn local_file_with_same_name_and_size_but_other_bytes_is_not_reused() {
 fn two_incarnations_restored_from_one_snapshot_keep_their_own_files() {
     let rt = rt();
     let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = mem_repo();
+    let (repo, _) = memory_repo();
     let format = RocksFormat::new(opts());
     let mut a = RocksStore::open(dir.path().join("a"), &opts()).unwrap();
     let log = test_log(dir.path());
     let mut base_model = Model::new();
     fill(&log, &mut a, &mut base_model, 0..2000, 7);
-    let s0 = rt.block_on(snapshot(&format, &a, &repo, &log, None));
+    let s0 = rt.block_on(snapshot(&format, &a, &repo, &sk(), &log, None));
     drop(a);
 
     let mut results = Vec::new();
     for (name, seed) in [("b", 100u64), ("c", 200u64)] {
         let target = dir.path().join(name);
         let (mut st, _) = rt
-            .block_on(format.restore(
-                &s0,
-                RestoreContext {
-                    repo: &repo,
-                    target: &target,
-                },
-            ))
+            .block_on(restore_snapshot(&format, &s0, &repo, &target))
             .unwrap();
         let mut model = base_model.clone();
         // Same keys, same value sizes, different bytes: same-named SSTs of
         // the same size, with different contents.
         fill(&log, &mut st, &mut model, 0..500, seed);
         st.flush().unwrap();
-        let m = rt.block_on(snapshot(&format, &st, &repo, &log, Some(&s0)));
+        let m = rt.block_on(snapshot(&format, &st, &repo, &sk(), &log, Some(&s0)));
         results.push((m, model));
     }
     let (mb, _) = &results[0];
@@ -823,13 +717,7 @@ fn two_incarnations_restored_from_one_snapshot_keep_their_own_files() {
     for (i, (m, model)) in results.iter().enumerate() {
         let target = dir.path().join(format!("check-{i}"));
         let (st, _) = rt
-            .block_on(format.restore(
-                m,
-                RestoreContext {
-                    repo: &repo,
-                    target: &target,
-                },
-            ))
+            .block_on(restore_snapshot(&format, m, &repo, &target))
             .unwrap();
         assert_eq!(&contents(&st), model, "incarnation {i}");
     }
@@ -873,8 +761,8 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
     assert!(entries_with(&root, "checkpoint-").is_empty());
 
     // A snapshot (success) leaves no checkpoint behind.
-    let (repo, _) = mem_repo();
-    let m = rt.block_on(snapshot(&format, &store, &repo, &log, None));
+    let (repo, _) = memory_repo();
+    let m = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, None));
     assert!(entries_with(&root, "checkpoint-").is_empty());
     // A failed write (unreachable repository) leaves none either.
     let broken = Repository::from_store(
@@ -902,13 +790,7 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
     std::fs::create_dir_all(dir.path().join(".restored.statesnap-old-dead")).unwrap();
     std::fs::create_dir_all(dir.path().join(".other.statesnap-restore-keep")).unwrap();
     let (st, _) = rt
-        .block_on(format.restore(
-            &m,
-            RestoreContext {
-                repo: &repo,
-                target: &target,
-            },
-        ))
+        .block_on(restore_snapshot(&format, &m, &repo, &target))
         .unwrap();
     assert_eq!(contents(&st), model);
     assert!(
@@ -947,20 +829,14 @@ fn capture_reads_offset_from_checkpoint_even_without_wal() {
             .iter()
             .any(|(n, _)| n.starts_with("LOG") || n == "LOCK")
     );
-    let (repo, _) = mem_repo();
+    let (repo, _) = memory_repo();
     let m = rt
         .block_on(commit_snapshot(&format, cut, &repo, &sk(), &log, None))
         .unwrap();
     assert_eq!(m.changelog.offset, next - 1);
     drop(store);
     let (st, _) = rt
-        .block_on(format.restore(
-            &m,
-            RestoreContext {
-                repo: &repo,
-                target: &dir.path().join("r"),
-            },
-        ))
+        .block_on(restore_snapshot(&format, &m, &repo, &dir.path().join("r")))
         .unwrap();
     assert_eq!(contents(&st), model);
 }

@@ -7,30 +7,21 @@
 mod common;
 
 use futures::TryStreamExt;
-use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::sync::Arc;
 
-use statesnap::changelog::ChangelogId;
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::format::StoreFormat;
 use statesnap::format::portable::PortableFormat;
-use statesnap::repo::{Manifest, Repository, StoreKey};
-use statesnap::restore::{RestoreOptions, restore_store};
-use statesnap::snapshot::commit_snapshot;
+use statesnap::repo::StoreKey;
 use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
-
-fn id() -> ChangelogId {
-    ChangelogId::for_store("app", "retry", 0).unwrap()
-}
 
 fn sk() -> StoreKey {
     StoreKey::new("app", "retry", 0).unwrap()
 }
 
-use common::contents;
+use common::{contents, file_log, memory_repo, restore_latest, snapshot};
 
 /// Deletes every blob of the store (what retention + gc do once the
 /// parent's manifest is dropped while the writer still holds it).
@@ -56,9 +47,8 @@ async fn retried_after_sweep<F: StoreFormat>(
 ) where
     F::Store: StateStore,
 {
-    let base: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let repo = Repository::from_store(Arc::clone(&base), "").unwrap();
-    let log = FileChangelog::open(dir.join("log"), id(), FileChangelogOptions::default()).unwrap();
+    let (repo, base) = memory_repo();
+    let log = file_log(&dir.join("log"), "app", "retry");
     let mut s = LoggedStore::new(store, log).unwrap();
     for i in 0..2_000u32 {
         s.put(format!("key-{i:05}"), format!("value-{i}"));
@@ -66,10 +56,7 @@ async fn retried_after_sweep<F: StoreFormat>(
             s.commit().unwrap();
         }
     }
-    let cut = format.capture(s.store()).unwrap();
-    let parent: Manifest = commit_snapshot(format, cut, &repo, &sk(), s.changelog(), None)
-        .await
-        .unwrap();
+    let parent = snapshot(format, s.store(), &repo, &sk(), s.changelog(), None).await;
     for i in 0..between {
         s.put(format!("key-{i:05}"), "changed");
         s.delete(format!("key-{:05}", 1000 + i));
@@ -79,10 +66,15 @@ async fn retried_after_sweep<F: StoreFormat>(
     // Twice: the first retry must already succeed, and so must the next.
     let mut retried = Vec::new();
     for _ in 0..2 {
-        let cut = format.capture(s.store()).unwrap();
-        let m = commit_snapshot(format, cut, &repo, &sk(), s.changelog(), Some(&parent))
-            .await
-            .unwrap();
+        let m = snapshot(
+            format,
+            s.store(),
+            &repo,
+            &sk(),
+            s.changelog(),
+            Some(&parent),
+        )
+        .await;
         assert!(
             repo.blobs_present(&sk(), &m.files).await.unwrap(),
             "every blob the new snapshot names is in the repository"
@@ -91,16 +83,9 @@ async fn retried_after_sweep<F: StoreFormat>(
     }
     let want = contents(s.store());
     let (_, log) = s.into_parts();
-    let (restored, report) = restore_store(
-        format,
-        &repo,
-        &sk(),
-        &log,
-        &dir.join("restored"),
-        &RestoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let (restored, report) = restore_latest(format, &repo, &sk(), &log, &dir.join("restored"))
+        .await
+        .unwrap();
     // Any of them: the retries re-uploaded the parent's swept blobs (for an
     // idle store, the very same bytes), and snapshots at one offset whose
     // ids were minted in the same millisecond order at random.

@@ -234,49 +234,36 @@ pub async fn corrupt_blob_is_detected(repo: &Repository) {
     let key = paths::blob(&sk, &out.blob.hash);
     let mut flipped = data.clone();
     flipped[50_000] ^= 0x01;
-    repo.object_store()
-        .put(&key, PutPayload::from(flipped.clone()))
-        .await
-        .expect("raw overwrite");
-    let e = repo
-        .get_blob_bytes(&sk, &out.blob)
-        .await
-        .expect_err("flipped");
-    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
-    assert!(e.message().contains(key.as_ref()), "{e}");
-    assert!(e.message().contains(&out.blob.hash.to_hex()), "{e}");
-    assert!(
-        e.message().contains(&BlobHash::of(&flipped).to_hex()),
-        "{e}"
-    );
     let dir = tempfile::tempdir().expect("tempdir");
     let dest = dir.path().join("x.sst");
-    let e = repo
-        .get_blob_to_file(&sk, &out.blob, &dest)
-        .await
-        .expect_err("flipped to file");
-    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
-    assert_eq!(
-        std::fs::read_dir(dir.path()).expect("readdir").count(),
-        0,
-        "partial file left"
-    );
-
-    repo.object_store()
-        .put(&key, PutPayload::from(data[..99_000].to_vec()))
-        .await
-        .expect("truncate");
-    let e = repo
-        .get_blob_bytes(&sk, &out.blob)
-        .await
-        .expect_err("truncated");
-    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
-    let e = repo
-        .get_blob_to_file(&sk, &out.blob, &dest)
-        .await
-        .expect_err("truncated to file");
-    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
-    assert!(!dest.exists());
+    for (damage, stored) in [
+        ("flipped", flipped.clone()),
+        ("truncated", data[..99_000].to_vec()),
+    ] {
+        repo.object_store()
+            .put(&key, PutPayload::from(stored))
+            .await
+            .expect("raw overwrite");
+        let e = repo.get_blob_bytes(&sk, &out.blob).await.expect_err(damage);
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{damage}: {e}");
+        assert!(e.message().contains(key.as_ref()), "{damage}: {e}");
+        if damage == "flipped" {
+            // Both hashes: the one expected and the one found.
+            for hash in [out.blob.hash, BlobHash::of(&flipped)] {
+                assert!(e.message().contains(&hash.to_hex()), "{e}");
+            }
+        }
+        let e = repo
+            .get_blob_to_file(&sk, &out.blob, &dest)
+            .await
+            .expect_err(damage);
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{damage}, to a file: {e}");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("readdir").count(),
+            0,
+            "{damage}: partial file left"
+        );
+    }
 }
 
 /// Listing is per store even when store keys are prefixes of each other.
@@ -394,27 +381,15 @@ pub async fn catalog_sorts_adversarial_names(repo: &Repository) {
     assert!(l.unreadable.iter().all(|u| u.kind == ErrorKind::Corrupt));
     let latest = repo.latest(&sk).await.expect("latest").expect("some");
     assert_eq!(latest.offset(), u64::MAX);
-    assert_eq!(
-        repo.at_or_before(&sk, 9)
-            .await
-            .expect("aob")
-            .map(|s| s.offset()),
-        Some(2)
-    );
-    assert_eq!(
-        repo.at_or_before(&sk, 10)
-            .await
-            .expect("aob")
-            .map(|s| s.id().0.timestamp_ms()),
-        Some(5)
-    );
-    assert_eq!(
-        repo.at_or_before(&sk, 1)
-            .await
-            .expect("aob")
-            .map(|s| s.offset()),
-        Some(0)
-    );
+    let at_or_before = |offset| {
+        let sk = &sk;
+        async move { repo.at_or_before(sk, offset).await.expect("at_or_before") }
+    };
+    assert_eq!(at_or_before(9).await.map(|s| s.offset()), Some(2));
+    // Two snapshots at offset 10: the one with the greater id.
+    let at_10 = at_or_before(10).await;
+    assert_eq!(at_10.map(|s| s.id().0.timestamp_ms()), Some(5));
+    assert_eq!(at_or_before(1).await.map(|s| s.offset()), Some(0));
     let empty = self::sk("sort-empty", 0);
     assert!(repo.latest(&empty).await.expect("latest").is_none());
 }
@@ -478,41 +453,23 @@ pub async fn gc_keeps_referenced_and_sweeps_old_unreferenced(
     let r = repo.gc_store(&sk, &opts).await.expect("mark");
     assert_eq!(r.blobs_condemned.len(), 1, "{r:?}");
     assert!(r.blobs_deleted.is_empty());
-    assert!(
-        repo.head_blob(&sk, &orphan.blake3)
-            .await
-            .expect("head")
-            .is_some(),
-        "mark must not delete"
-    );
+    let exists = |f: &FileEntry| {
+        let (sk, hash) = (&sk, f.blake3);
+        async move { repo.head_blob(sk, &hash).await.expect("head").is_some() }
+    };
+    assert!(exists(&orphan).await, "mark must not delete");
     clock.advance_ms(HOUR_MS + 1);
     let r = repo.gc_store(&sk, &dry).await.expect("dry sweep");
     assert_eq!(r.blobs_deleted.len(), 1, "{r:?}");
-    assert!(
-        repo.head_blob(&sk, &orphan.blake3)
-            .await
-            .expect("head")
-            .is_some(),
-        "dry run deleted"
-    );
+    assert!(exists(&orphan).await, "dry run deleted");
     let r = repo.gc_store(&sk, &opts).await.expect("sweep");
     assert_eq!(
         r.blobs_deleted.iter().map(|b| b.blake3).collect::<Vec<_>>(),
         vec![orphan.blake3]
     );
     assert_eq!(r.bytes_deleted, orphan.size);
-    assert!(
-        repo.head_blob(&sk, &orphan.blake3)
-            .await
-            .expect("head")
-            .is_none()
-    );
-    assert!(
-        repo.head_blob(&sk, &kept.blake3)
-            .await
-            .expect("head")
-            .is_some()
-    );
+    assert!(!exists(&orphan).await, "swept");
+    assert!(exists(&kept).await, "referenced");
     let latest = repo.latest(&sk).await.expect("latest").expect("some");
     for f in &latest.manifest.files {
         repo.get_blob_bytes(&sk, &BlobRef::from(f))

@@ -21,18 +21,23 @@ fn collect<S: StateStore + ?Sized>(
 
 /// Runs every check.
 pub fn run_all<S: StateStore>(make: &mut dyn FnMut() -> S) {
-    empty_store(&mut make());
-    apply_put_get_delete(&mut make());
-    later_record_in_batch_wins(&mut make());
-    applied_offset_moves_with_batches(&mut make());
-    ranges_and_prefixes_are_ordered_and_bounded(&mut make());
-    binary_keys_sort_bytewise(&mut make());
-    empty_values_are_not_deletes(&mut make());
-    large_values_round_trip(&mut make());
-    size_estimate_tracks_contents(&mut make());
-    matches_model_on_random_batches(&mut make());
-    binding_is_recorded_once(&mut make());
-    ensure_follows_refuses_other_lineages(&mut make());
+    let checks: [fn(&mut S); 12] = [
+        empty_store,
+        apply_put_get_delete,
+        later_record_in_batch_wins,
+        applied_offset_moves_with_batches,
+        ranges_and_prefixes_are_ordered_and_bounded,
+        binary_keys_sort_bytewise,
+        empty_values_are_not_deletes,
+        large_values_round_trip,
+        size_estimate_tracks_contents,
+        matches_model_on_random_batches,
+        binding_is_recorded_once,
+        ensure_follows_refuses_other_lineages,
+    ];
+    for check in checks {
+        check(&mut make());
+    }
 }
 
 fn binding(topic: &str, lineage: &str) -> ChangelogBinding {
