@@ -7,6 +7,11 @@
 //! portable format for free (one line of `PortableSource`), whose snapshots
 //! restore into any other store type, here a `MemoryStore`.
 //!
+//! `main` first runs it the way an application does — through the runtime
+//! (`StateManager`, `StoreSpec::new` with this format): open, write, commit,
+//! close (a handoff snapshot), reopen (local store kept, nothing replayed).
+//! Then it makes the calls the runtime makes, one by one.
+//!
 //! Run with `cargo run --example custom_store` (add
 //! `--no-default-features` to skip building RocksDB).
 
@@ -20,14 +25,16 @@ use std::path::{Path, PathBuf};
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::{ChangelogBinding, ChangelogId, Record};
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
-use statesnap::format::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
+use statesnap::format::{
+    FormatOutput, LocalStoreInfo, RestoreContext, RestoreStats, StoreFormat, WriteContext,
+};
 use statesnap::repo::{
     BlobRef, Manifest, Repository, SnapshotStats, SnapshotWriter, StoreFormatId, StoreKey,
 };
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::{KvIter, SizeEstimate, StateStore, StateStoreExt, in_bounds};
-use statesnap::{Error, ErrorKind, Result};
+use statesnap::{Error, ErrorKind, Result, StateManager, StoreSpec};
 
 const DATA: &str = "data.log";
 /// Which changelog the store follows, written (atomically) before the first
@@ -79,14 +86,7 @@ impl LogFileStore {
         // Drop a torn tail so the next append starts at a batch boundary.
         file.set_len(committed_len)
             .map_err(|e| io("truncate store file", &path, e))?;
-        let binding_path = dir.join(BINDING);
-        let binding = match std::fs::read(&binding_path) {
-            Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| {
-                Error::new(ErrorKind::Corrupt, "unreadable store binding").with_source(e)
-            })?),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io("read store binding", &binding_path, e)),
-        };
+        let binding = read_binding(dir)?;
         Ok(LogFileStore {
             path,
             file,
@@ -95,6 +95,18 @@ impl LogFileStore {
             applied,
             binding,
         })
+    }
+}
+
+/// The changelog binding recorded in `dir`, if any.
+fn read_binding(dir: &Path) -> Result<Option<ChangelogBinding>> {
+    let binding_path = dir.join(BINDING);
+    match std::fs::read(&binding_path) {
+        Ok(b) => Ok(Some(serde_json::from_slice(&b).map_err(|e| {
+            Error::new(ErrorKind::Corrupt, "unreadable store binding").with_source(e)
+        })?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io("read store binding", &binding_path, e)),
     }
 }
 
@@ -336,6 +348,27 @@ impl StoreFormat for LogFileFormat {
         let _ = std::fs::remove_dir_all(target);
         LogFileStore::open(target)
     }
+
+    // Local-first: the runtime keeps a store this format left on disk when
+    // it follows the same changelog and is at or past the newest usable
+    // snapshot, so a restart replays only the changelog tail.
+    fn inspect_local(&self, dir: &Path) -> Result<Option<LocalStoreInfo>> {
+        let path = dir.join(DATA);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("read store file", &path, e)),
+        };
+        let (_, applied_offset, _) = parse(&bytes);
+        Ok(Some(LocalStoreInfo {
+            applied_offset,
+            binding: read_binding(dir)?,
+        }))
+    }
+
+    fn open_local(&self, dir: &Path) -> Result<LogFileStore> {
+        LogFileStore::open(dir)
+    }
 }
 
 /// Prints what snapshot `m`, written with `format`, holds and uploaded.
@@ -360,11 +393,51 @@ async fn restore_into<F: StoreFormat>(
     format.restore(m, RestoreContext { repo, target }).await
 }
 
+/// What an application does: the runtime, with this store's own format.
+/// Returns the number of records the second open replayed.
+async fn through_the_runtime(repo: &Repository, dir: &Path) -> Result<u64> {
+    let state = StateManager::builder(repo.clone()).build()?;
+    let log = || {
+        FileChangelog::open(
+            dir.join("changelog"),
+            ChangelogId::for_store("example", "sessions", 0)?,
+            FileChangelogOptions::default(),
+        )
+    };
+    let key = StoreKey::new("example", "sessions", 0)?;
+    let spec = |log| StoreSpec::new(key.clone(), log, LogFileFormat, dir.join("store"));
+    let mut sessions = state.open(spec(log()?)).await?;
+    for i in 0..1000u32 {
+        sessions.put(format!("session:{i:04}"), "open");
+    }
+    sessions.commit()?;
+    let handoff = sessions.close().await?; // the next owner replays nothing
+    let sessions = state.open(spec(log()?)).await?;
+    println!(
+        "runtime: handoff snapshot at offset {:?}; reopened from the {} with {} records replayed",
+        handoff.offset,
+        sessions.report().source,
+        sessions.report().replay.records
+    );
+    let replayed = sessions.report().replay.records;
+    sessions.abandon().await;
+    state.shutdown().await;
+    Ok(replayed)
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let tmp = tempfile::tempdir().map_err(|e| io("create temp dir", Path::new("/tmp"), e))?;
     let repo_url = format!("file://{}", tmp.path().join("repo").display());
     let repo = Repository::init(&repo_url, Default::default()).await?;
+    if through_the_runtime(&repo, &tmp.path().join("runtime")).await? != 0 {
+        return Err(Error::new(
+            ErrorKind::Internal,
+            "example check failed: replayed after a handoff",
+        ));
+    }
+
+    // Underneath the runtime: the calls it makes, one by one.
     let store_key = StoreKey::new("example", "logfile", 0)?;
     let changelog = FileChangelog::open(
         tmp.path().join("changelog"),
