@@ -81,26 +81,38 @@ fn changelog_contents(log: &FileChangelog) -> BTreeMap<Bytes, Bytes> {
     m
 }
 
+/// Runs the ignored test `name` of this binary as a child process with
+/// `env` = `dir`; returns it and its stdout.
+fn spawn_child(
+    exe: &Path,
+    name: &str,
+    env: &str,
+    dir: &Path,
+) -> (std::process::Child, std::process::ChildStdout) {
+    let mut child = Command::new(exe)
+        .args([
+            "--exact",
+            name,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(env, dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    (child, stdout)
+}
+
 #[test]
 fn sigkill_mid_commit_recovers_committed_prefix() {
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
     let mut acknowledged: Option<u64> = None;
     for round in 0..6u64 {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
+        let (mut child, stdout) = spawn_child(&exe, "crash_child", CHILD_ENV, dir.path());
         let want = 5 + round * 37 % 60;
         let mut seen = 0;
         for line in BufReader::new(stdout).lines() {
@@ -247,20 +259,8 @@ fn sigkill_during_background_snapshots_reopens_exact() {
     ))
     .unwrap();
     for round in 0..20u64 {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "runtime_kill_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(RUNTIME_CHILD_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
+        let (mut child, stdout) =
+            spawn_child(&exe, "runtime_kill_child", RUNTIME_CHILD_ENV, dir.path());
         let want = 20 + round * 53 % 300;
         let wait_for_flight = round % 2 == 0;
         let mut seen = 0;

@@ -42,6 +42,15 @@ async fn repo(dir: &Path, clock: &ManualClock) -> Repository {
     Repository::init(&url, opts).await.unwrap()
 }
 
+/// A temporary directory, a manual clock and a repository in the
+/// directory using it.
+async fn setup() -> (tempfile::TempDir, ManualClock, Repository) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let repo = repo(dir.path(), &clock).await;
+    (dir, clock, repo)
+}
+
 fn manager(repo: Repository, clock: &ManualClock, policy: SnapshotPolicy) -> StateManager {
     let clock: SharedClock = Arc::new(clock.clone());
     StateManager::builder(repo)
@@ -229,9 +238,7 @@ async fn close_hands_off_and_the_next_open_replays_nothing_rocks() {
 /// point in time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_agrees_with_open_for_every_candidate_kind() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let repo = repo(dir.path(), &clock).await;
+    let (dir, clock, repo) = setup().await;
     let m = manager(repo.clone(), &clock, SnapshotPolicy::manual());
     let spec = |store_dir: &str| {
         StoreSpec::rocksdb(
@@ -453,9 +460,7 @@ async fn a_store_is_open_once_per_manager_and_not_after_shutdown() {
 /// restorable, and nothing fires without new records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_triggers_take_snapshots_in_the_background() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let repo = repo(dir.path(), &clock).await;
+    let (dir, clock, repo) = setup().await;
     let policy = SnapshotPolicy::manual()
         .every_records(100)
         .min_interval(Duration::ZERO);
@@ -959,9 +964,7 @@ async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logical_digests_are_recorded_compared_and_enforced() {
     use statesnap::restore::verify_deep;
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let repo = repo(dir.path(), &clock).await;
+    let (dir, clock, repo) = setup().await;
     let m = manager(repo.clone(), &clock, SnapshotPolicy::manual());
     let (mut model, mut rng) = (Kv::new(), Rng(31));
     let mut h = Handle::open(&m, Kind::Memory, dir.path(), "mem", None)
@@ -1071,9 +1074,7 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
 /// snapshot's manifest; a manager that measured nothing estimates with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn measured_replay_rates_travel_in_manifests() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let repo = repo(dir.path(), &clock).await;
+    let (dir, clock, repo) = setup().await;
     let (mut model, mut rng) = (Kv::new(), Rng(41));
     let a = manager(repo.clone(), &clock, SnapshotPolicy::manual());
     let mut h = Handle::open(&a, Kind::Memory, dir.path(), "s", None)
@@ -1120,9 +1121,7 @@ async fn measured_replay_rates_travel_in_manifests() {
 /// snapshot uploads and a restore downloads is drawn from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_transferred_byte_goes_through_the_bandwidth_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let repo = repo(dir.path(), &clock).await;
+    let (dir, clock, repo) = setup().await;
     let limit = Arc::new(statesnap::repo::BandwidthLimit::new(512 << 20));
     let m = StateManager::builder(repo.clone())
         .clock(Arc::new(clock.clone()))

@@ -340,6 +340,16 @@ fn local_bytes<F: StoreFormat>(format: &F, manifest: &Manifest, target: &Path) -
         .sum()
 }
 
+/// A step that downloads nothing: the local store or a full replay.
+fn replay_step(source: Source, facts: &LogFacts, until: Option<u64>) -> PlanStep {
+    PlanStep {
+        records_to_replay: facts.records_after(source.start_offset(), until),
+        source,
+        bytes_to_download: 0,
+        bytes_local: 0,
+    }
+}
+
 fn rejection(source: Source, e: &Error) -> Rejected {
     Rejected {
         source,
@@ -443,14 +453,13 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
             && !local_placed
             && a >= snap.offset()
         {
-            steps.push(PlanStep {
-                source: Source::Local {
+            steps.push(replay_step(
+                Source::Local {
                     applied_offset: Some(a),
                 },
-                bytes_to_download: 0,
-                bytes_local: 0,
-                records_to_replay: facts.records_after(Some(a), until),
-            });
+                facts,
+                until,
+            ));
             local_placed = true;
         }
         let size: u64 = snap.manifest.files.iter().map(|f| f.size).sum();
@@ -466,23 +475,17 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
     if let Some(a) = local
         && !local_placed
     {
-        steps.push(PlanStep {
-            source: Source::Local {
+        steps.push(replay_step(
+            Source::Local {
                 applied_offset: Some(a),
             },
-            bytes_to_download: 0,
-            bytes_local: 0,
-            records_to_replay: facts.records_after(Some(a), until),
-        });
+            facts,
+            until,
+        ));
     }
     // Last resort, always listed: a log that no longer starts at offset 0
     // makes the replay itself fail (stale) and say so.
-    steps.push(PlanStep {
-        source: Source::FullReplay,
-        bytes_to_download: 0,
-        bytes_local: 0,
-        records_to_replay: facts.records_after(None, until),
-    });
+    steps.push(replay_step(Source::FullReplay, facts, until));
     Ok(RestorePlan {
         store_key: store_key.clone(),
         changelog: facts.id().clone(),

@@ -148,8 +148,9 @@ impl<C: Changelog> StoreSpec<PortableFormat<MemoryStore>, C> {
         changelog: C,
         dir: impl Into<PathBuf>,
     ) -> Result<Self> {
+        let key = StoreKey::new(application, store, partition)?;
         Ok(StoreSpec::new(
-            StoreKey::new(application, store, partition)?,
+            key,
             changelog,
             PortableFormat::memory(),
             dir,
@@ -168,12 +169,9 @@ impl<C: Changelog> StoreSpec<crate::format::rocks::RocksFormat, C> {
         changelog: C,
         dir: impl Into<PathBuf>,
     ) -> Result<Self> {
-        Ok(StoreSpec::new(
-            StoreKey::new(application, store, partition)?,
-            changelog,
-            crate::format::rocks::RocksFormat::new(Default::default()),
-            dir,
-        ))
+        let key = StoreKey::new(application, store, partition)?;
+        let format = crate::format::rocks::RocksFormat::new(Default::default());
+        Ok(StoreSpec::new(key, changelog, format, dir))
     }
 }
 

@@ -31,6 +31,9 @@ pub(super) struct Writer {
     unsynced: Vec<(PathBuf, File)>,
     /// Whether a segment was created since the directory was last fsynced.
     dir_dirty: bool,
+    /// Segments created under [`FsyncPolicy::Never`] so far (a flush that
+    /// synced the directory clears `dir_dirty` only if none came since).
+    dir_gen: u64,
     /// Set when a failed write could not be undone: the log must be reopened.
     poisoned: Option<String>,
     /// Whether this session's epoch is in the metadata (done before its
@@ -57,6 +60,7 @@ pub(super) fn new_writer(
         synced_pos: 0,
         unsynced: Vec::new(),
         dir_dirty: false,
+        dir_gen: 0,
         poisoned: None,
         epoch_begun: false,
     }
@@ -220,6 +224,78 @@ impl FileChangelog {
         r
     }
 
+    /// What [`Changelog::flush`](crate::changelog::Changelog::flush) does:
+    /// everything appended before the call reaches disk. The fsyncs run
+    /// *outside* the writer lock, so appends (commits) go on meanwhile
+    /// instead of waiting for the disk: the handles and positions to sync
+    /// are taken under the lock, synced without it, and recorded under it
+    /// again (a segment rolled meanwhile is left to a later sync).
+    pub(super) fn sync_all_concurrently(&self) -> Result<()> {
+        let (closed, active, dir_gen) = {
+            let mut w = lock(&self.writer)?;
+            if let Some(why) = &w.poisoned {
+                return Err(Error::io(
+                    format!(
+                        "changelog writer is unusable after an earlier failure path=`{}`: {why}; \
+                         reopen the changelog",
+                        self.dir.display()
+                    ),
+                    std::io::Error::other("poisoned"),
+                ));
+            }
+            let active = if w.dirty {
+                let f = w
+                    .file
+                    .try_clone()
+                    .map_err(|e| io_err("clone handle", &w.active.path, e))?;
+                Some((Arc::clone(&w.active), f, w.pos))
+            } else {
+                None
+            };
+            (
+                std::mem::take(&mut w.unsynced),
+                active,
+                w.dir_dirty.then_some(w.dir_gen),
+            )
+        };
+        let synced = (|| {
+            for (path, f) in &closed {
+                // Durability: closed segments written under `Never` reach disk on flush.
+                f.sync_data()
+                    .map_err(|e| io_err("fsync changelog segment", path, e))?;
+            }
+            if let Some((seg, f, _)) = &active {
+                // Durability: the records appended before the flush reach disk.
+                f.sync_data()
+                    .map_err(|e| io_err("fsync changelog segment", &seg.path, e))?;
+            }
+            if dir_gen.is_some() {
+                // Durability: segments created under `Never` get their directory entries on disk.
+                meta::sync_dir(&self.dir)?;
+            }
+            Ok(())
+        })();
+        let mut w = lock(&self.writer)?;
+        if let Err(e) = &synced {
+            // After a failed fsync the kernel may have dropped the dirty pages.
+            w.poisoned = Some(format!("fsync failed: {e}"));
+            return synced;
+        }
+        if let Some((seg, _, pos)) = active
+            && Arc::ptr_eq(&seg, &w.active)
+        {
+            w.synced_pos = w.synced_pos.max(pos);
+            if w.pos == pos {
+                w.dirty = false;
+            }
+        }
+        if dir_gen.is_some_and(|g| g == w.dir_gen) {
+            w.dir_dirty = false;
+        }
+        w.last_sync_ms = self.clock.now_ms();
+        Ok(())
+    }
+
     fn sync_all_inner(&self, w: &mut Writer, now: i64) -> Result<()> {
         while let Some((path, f)) = w.unsynced.pop() {
             // Durability: closed segments written under `Never` reach disk on flush.
@@ -270,6 +346,7 @@ impl FileChangelog {
         };
         if self.fsync == FsyncPolicy::Never {
             w.dir_dirty = true;
+            w.dir_gen += 1;
         } else {
             // Durability: the new segment's directory entry exists before records in it are acked.
             meta::sync_dir(&self.dir)?;

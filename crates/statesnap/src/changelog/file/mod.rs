@@ -301,8 +301,6 @@ impl Changelog for FileChangelog {
         if self.is_read_only() {
             return Ok(()); // nothing was written through this handle
         }
-        let mut w = lock(&self.writer)?;
-        let now = self.clock.now_ms();
-        self.sync_all_locked(&mut w, now)
+        self.sync_all_concurrently()
     }
 }
