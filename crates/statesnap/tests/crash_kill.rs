@@ -82,13 +82,16 @@ fn changelog_contents(log: &FileChangelog) -> BTreeMap<Bytes, Bytes> {
 }
 
 /// Runs the ignored test `name` of this binary as a child process with
-/// `env` = `dir`; returns it and its stdout.
-fn spawn_child(
+/// `env` = `dir`, hands each line it prints after `committed ` to `stop`,
+/// and SIGKILLs it (no destructors, no flush) as soon as `stop` says so.
+/// Returns how many commits it reported.
+fn kill_child_when(
     exe: &Path,
     name: &str,
     env: &str,
     dir: &Path,
-) -> (std::process::Child, std::process::ChildStdout) {
+    mut stop: impl FnMut(&str) -> bool,
+) -> u64 {
     let mut child = Command::new(exe)
         .args([
             "--exact",
@@ -103,7 +106,19 @@ fn spawn_child(
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    (child, stdout)
+    let mut seen = 0;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("committed ") {
+            seen += 1;
+            if stop(rest.trim()) {
+                break;
+            }
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    seen
 }
 
 #[test]
@@ -112,26 +127,17 @@ fn sigkill_mid_commit_recovers_committed_prefix() {
     let exe = std::env::current_exe().unwrap();
     let mut acknowledged: Option<u64> = None;
     for round in 0..6u64 {
-        let (mut child, stdout) = spawn_child(&exe, "crash_child", CHILD_ENV, dir.path());
         let want = 5 + round * 37 % 60;
-        let mut seen = 0;
-        for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            if let Some(o) = line.strip_prefix("committed ") {
-                acknowledged = Some(o.trim().parse().unwrap());
-                seen += 1;
-                if seen >= want {
-                    break;
-                }
-            }
-        }
+        let mut n = 0;
+        let seen = kill_child_when(&exe, "crash_child", CHILD_ENV, dir.path(), |o| {
+            acknowledged = Some(o.parse().unwrap());
+            n += 1;
+            n >= want
+        });
         assert!(
             seen >= want,
             "child stopped early in round {round} after {seen} commits"
         );
-        // SIGKILL: no destructors, no flush, somewhere inside a commit.
-        child.kill().unwrap();
-        child.wait().unwrap();
 
         let ls = open(dir.path());
         let end = ls.changelog().end_offset().unwrap();
@@ -259,30 +265,27 @@ fn sigkill_during_background_snapshots_reopens_exact() {
     ))
     .unwrap();
     for round in 0..20u64 {
-        let (mut child, stdout) =
-            spawn_child(&exe, "runtime_kill_child", RUNTIME_CHILD_ENV, dir.path());
         let want = 20 + round * 53 % 300;
         let wait_for_flight = round % 2 == 0;
-        let mut seen = 0;
         let mut stopped_in_flight = false;
-        for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            if let Some(rest) = line.strip_prefix("committed ") {
-                let (o, f) = rest.trim().split_once(' ').unwrap();
+        let mut n = 0;
+        let seen = kill_child_when(
+            &exe,
+            "runtime_kill_child",
+            RUNTIME_CHILD_ENV,
+            dir.path(),
+            |rest| {
+                let (o, f) = rest.split_once(' ').unwrap();
                 acknowledged = Some(o.parse().unwrap());
-                seen += 1;
-                if seen >= want && (!wait_for_flight || f == "1" || seen >= want + 2000) {
-                    stopped_in_flight = f == "1";
-                    break;
-                }
-            }
-        }
+                n += 1;
+                stopped_in_flight = f == "1";
+                n >= want && (!wait_for_flight || stopped_in_flight || n >= want + 2000)
+            },
+        );
         assert!(
             seen >= want,
             "child stopped early in round {round} after {seen} commits"
         );
-        child.kill().unwrap();
-        child.wait().unwrap();
         killed_in_flight += usize::from(stopped_in_flight);
 
         rt.block_on(async {

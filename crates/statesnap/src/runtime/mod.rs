@@ -57,6 +57,7 @@
 mod handle;
 mod maintain;
 mod policy;
+mod status;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -74,9 +75,10 @@ use crate::repo::{Repository, StoreKey};
 use crate::restore::{PlanOptions, Rates, RestorePlan, plan_restore};
 use crate::store::memory::MemoryStore;
 
-pub use handle::{CloseReport, StateHandle, StoreStatus};
+pub use handle::{CloseReport, StateHandle};
 pub use maintain::{Maintenance, MaintenanceReport};
 pub use policy::{SnapshotPolicy, Trigger};
+pub use status::StoreStatus;
 
 /// One store partition to open: its key in the repository, its changelog,
 /// its format (a fresh value per store: it carries the store's writer
@@ -285,7 +287,7 @@ struct Inner {
     tasks: TaskTracker,
     transfers: Arc<tokio::sync::Semaphore>,
     /// Open stores, with the status cell their handle updates.
-    open: Mutex<BTreeMap<StoreKey, Arc<handle::Shared>>>,
+    open: Mutex<BTreeMap<StoreKey, Arc<status::Shared>>>,
     rates: Mutex<RateBook>,
 }
 
@@ -446,7 +448,7 @@ impl StateManager {
         self.inner.cancel.is_cancelled()
     }
 
-    fn register(&self, key: &StoreKey, shared: Arc<handle::Shared>) -> Result<()> {
+    fn register(&self, key: &StoreKey, shared: Arc<status::Shared>) -> Result<()> {
         let mut open = lock(&self.inner.open);
         if open.contains_key(key) {
             return Err(Error::config(format!(
