@@ -406,7 +406,16 @@ fn main() {
         if benching { 20 } else { 2 },
     ) as usize;
     let max_run_ms = if benching { 3000 } else { 300 };
-    let rt = runtime();
+    // STATESNAP_BENCH_RUNTIME_WORKERS: tokio workers for the background
+    // work (the processing loop runs on the main thread); default 2.
+    let rt = match env_u64("STATESNAP_BENCH_RUNTIME_WORKERS", 0) {
+        0 => runtime(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n as usize)
+            .enable_all()
+            .build()
+            .expect("tokio runtime"),
+    };
     let mem = rt.block_on(run::<Memory>(keys, secs, objective, crashes, max_run_ms));
     let rocks = rt.block_on(run::<Rocks>(keys, secs, objective, crashes, max_run_ms));
     println!("json: {{{mem},{rocks}}}");
