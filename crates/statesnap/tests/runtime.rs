@@ -1019,6 +1019,12 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     assert!(deep.is_ok());
     assert_eq!(deep.actual, d_rocks);
     assert!(!scratch.exists(), "scratch removed");
+    // An existing directory is never used (nor removed) as scratch.
+    std::fs::create_dir_all(scratch.join("precious")).unwrap();
+    let err = verify_deep(&rf, &repo, &rocks, &scratch).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(scratch.join("precious").exists());
+    std::fs::remove_dir_all(&scratch).unwrap();
     let pf = statesnap::PortableFormat::memory();
     assert!(
         verify_deep(&pf, &repo, &portable, &scratch)

@@ -166,7 +166,7 @@ impl DeepVerifyReport {
 }
 
 /// Restores snapshot `manifest` into the scratch directory `scratch` (which
-/// must not exist, or be an empty directory or a store), every blob
+/// must not exist: it is removed afterwards), every blob
 /// verified by the format, checks the store sits at the snapshot's offset,
 /// computes its logical digest and compares it with the manifest's. The
 /// scratch directory is removed afterwards. A failed restore is returned
@@ -178,6 +178,15 @@ pub async fn verify_deep<F: StoreFormat>(
     manifest: &Manifest,
     scratch: &Path,
 ) -> Result<DeepVerifyReport> {
+    // Never remove what the caller had there: the scratch directory is
+    // ours only if we create it.
+    if std::fs::symlink_metadata(scratch).is_ok() {
+        return Err(Error::config(format!(
+            "verify_deep's scratch directory already exists path=`{}`; give a path that does \
+             not exist (it is created and removed)",
+            scratch.display()
+        )));
+    }
     let result = async {
         let (store, stats) = format
             .restore(
