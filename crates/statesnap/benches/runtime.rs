@@ -18,6 +18,7 @@
 //! 3. **handoff**: `close()` (the handoff snapshot) then `open()` in a
 //!    fresh directory (another machine): both times, and records replayed.
 //!
+//! `STATESNAP_BENCH_RUNTIME_STORES` picks the store types (`memory,rocksdb`).
 //! Prints one table per part and a `json:` line with every figure.
 
 mod common;
@@ -423,11 +424,21 @@ fn main() {
     } else {
         &[None, Some(Duration::from_secs(1))]
     };
-    let mem = rt.block_on(run::<Memory>(
-        intervals, keys, secs, objective, crashes, max_run_ms,
-    ));
-    let rocks = rt.block_on(run::<Rocks>(
-        intervals, keys, secs, objective, crashes, max_run_ms,
-    ));
-    println!("json: {{{mem},{rocks}}}");
+    // STATESNAP_BENCH_RUNTIME_STORES: which store types to run
+    // (`memory,rocksdb` by default).
+    let stores = std::env::var("STATESNAP_BENCH_RUNTIME_STORES")
+        .unwrap_or_else(|_| "memory,rocksdb".to_owned());
+    let mut json = Vec::new();
+    for store in stores.split(',').map(str::trim) {
+        json.push(match store {
+            "memory" => rt.block_on(run::<Memory>(
+                intervals, keys, secs, objective, crashes, max_run_ms,
+            )),
+            "rocksdb" => rt.block_on(run::<Rocks>(
+                intervals, keys, secs, objective, crashes, max_run_ms,
+            )),
+            other => panic!("STATESNAP_BENCH_RUNTIME_STORES: unknown store type `{other}`"),
+        });
+    }
+    println!("json: {{{}}}", json.join(","));
 }

@@ -565,7 +565,7 @@ impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
                 shared.finish(&result, started, clock.now_ms(), &policy);
             }
             .instrument(span),
-            &inner.rt,
+            inner.background.handle(),
         );
         true
     }

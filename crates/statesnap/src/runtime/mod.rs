@@ -54,6 +54,7 @@
 //! # Ok(()) }
 //! ```
 
+mod background;
 mod handle;
 mod maintain;
 mod policy;
@@ -66,6 +67,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use self::background::Background;
 use crate::changelog::Changelog;
 use crate::clock::SharedClock;
 use crate::error::{Error, ErrorKind, Result};
@@ -75,6 +77,7 @@ use crate::repo::{Repository, StoreKey};
 use crate::restore::{PlanOptions, Rates, RestorePlan, plan_restore};
 use crate::store::memory::MemoryStore;
 
+pub use background::BackgroundOptions;
 pub use handle::{CloseReport, StateHandle};
 pub use maintain::{Maintenance, MaintenanceReport};
 pub use policy::{SnapshotPolicy, Trigger};
@@ -186,9 +189,18 @@ pub struct StateManagerBuilder {
     max_transfers: usize,
     rates: Rates,
     maintenance: Option<Maintenance>,
+    background: BackgroundOptions,
 }
 
 impl StateManagerBuilder {
+    /// Where background snapshots and maintenance run (default: one
+    /// low-priority thread of the manager's own; see
+    /// [`BackgroundOptions`]).
+    pub fn background(mut self, options: BackgroundOptions) -> Self {
+        self.background = options;
+        self
+    }
+
     /// Runs retention and gc over the open stores every `m.every` (see
     /// [`StateManager::maintain_now`]). Off by default.
     pub fn maintenance(mut self, m: Maintenance) -> Self {
@@ -244,12 +256,14 @@ impl StateManagerBuilder {
             ))
         })?;
         let clock = self.clock.unwrap_or_else(|| self.repo.clock().clone());
+        let background = Background::start(self.background, rt.clone())?;
         let manager = StateManager {
             inner: Arc::new(Inner {
                 repo: self.repo,
                 policy: self.policy,
                 clock,
                 rt,
+                background,
                 cancel: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 transfers: Arc::new(tokio::sync::Semaphore::new(self.max_transfers)),
@@ -263,9 +277,10 @@ impl StateManagerBuilder {
         };
         if let Some(m) = self.maintenance {
             let inner = &manager.inner;
-            inner
-                .tasks
-                .spawn_on(maintain::run(Arc::downgrade(inner), m), &inner.rt);
+            inner.tasks.spawn_on(
+                maintain::run(Arc::downgrade(inner), m),
+                inner.background.handle(),
+            );
         }
         Ok(manager)
     }
@@ -282,7 +297,10 @@ struct Inner {
     repo: Repository,
     policy: SnapshotPolicy,
     clock: SharedClock,
+    /// The runtime that built the manager: restores run there.
     rt: tokio::runtime::Handle,
+    /// Background snapshots and maintenance run here.
+    background: Background,
     cancel: CancellationToken,
     tasks: TaskTracker,
     transfers: Arc<tokio::sync::Semaphore>,
@@ -313,6 +331,7 @@ impl StateManager {
             max_transfers: 4,
             rates: Rates::default(),
             maintenance: None,
+            background: BackgroundOptions::default(),
         }
     }
 

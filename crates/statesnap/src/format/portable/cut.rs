@@ -7,6 +7,7 @@ use imbl::OrdMap;
 use std::sync::Arc;
 
 use crate::changelog::ChangelogBinding;
+use crate::digest::LogicalDigest;
 use crate::error::Result;
 use crate::store::memory::{MemoryCut, MemoryStore};
 use crate::store::{KeyValue, StateStore, StateStoreExt};
@@ -36,6 +37,35 @@ impl PortableSource for crate::store::rocks::RocksStore {
         // offset read see the same state.
         PortableCut::materialize(self)
     }
+}
+
+/// The digest of `new`, given `digest` = the digest of `old`: each pair
+/// that changed between them is taken away and the new one added. `None`
+/// when half the keys or more changed (a scan of `new` is cheaper then).
+pub(super) fn follow_digest(
+    mut digest: LogicalDigest,
+    old: &OrdMap<Bytes, Bytes>,
+    new: &OrdMap<Bytes, Bytes>,
+) -> Option<LogicalDigest> {
+    use imbl::ordmap::DiffItem;
+    let budget = new.len() / 2 + 16;
+    for (changed, d) in old.diff(new).enumerate() {
+        if changed >= budget {
+            return None;
+        }
+        match d {
+            DiffItem::Add(k, v) => digest.add(k, v),
+            DiffItem::Update {
+                old: (k, was),
+                new: (_, now),
+            } => {
+                digest.remove(k, was);
+                digest.add(k, now);
+            }
+            DiffItem::Remove(k, v) => digest.remove(k, v),
+        }
+    }
+    Some(digest)
 }
 
 /// A consistent cut of a store for the portable format.
@@ -113,13 +143,13 @@ impl PortableCut {
     }
 
     /// The logical digest of the cut's contents.
-    pub fn logical_digest(&self) -> crate::digest::LogicalDigest {
+    pub fn logical_digest(&self) -> LogicalDigest {
         match &self.contents {
             CutContents::Memory(m, _) => {
-                crate::digest::LogicalDigest::of_pairs(m.iter().map(|(k, v)| (&k[..], &v[..])))
+                LogicalDigest::of_pairs(m.iter().map(|(k, v)| (&k[..], &v[..])))
             }
             CutContents::Sorted(e, _) => {
-                crate::digest::LogicalDigest::of_pairs(e.iter().map(|(k, v)| (&k[..], &v[..])))
+                LogicalDigest::of_pairs(e.iter().map(|(k, v)| (&k[..], &v[..])))
             }
         }
     }
@@ -129,5 +159,67 @@ impl PortableCut {
         match &self.contents {
             CutContents::Memory(_, b) | CutContents::Sorted(_, b) => *b,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn scan(m: &OrdMap<Bytes, Bytes>) -> LogicalDigest {
+        LogicalDigest::of_pairs(m.iter().map(|(k, v)| (&k[..], &v[..])))
+    }
+
+    proptest! {
+        /// Following the changes gives the digest a scan gives, through a
+        /// chain of cuts with puts, overwrites and deletes.
+        #[test]
+        fn a_followed_digest_equals_a_scan(
+            rounds in proptest::collection::vec(
+                proptest::collection::vec((0u8..40, proptest::option::of(0u8..4)), 0..30),
+                1..6,
+            ),
+        ) {
+            let mut map = OrdMap::new();
+            let mut last = (map.clone(), LogicalDigest::new());
+            for ops in rounds {
+                for (k, v) in ops {
+                    let key = Bytes::from(vec![k]);
+                    match v {
+                        Some(v) => { map.insert(key, Bytes::from(vec![v; 3])); }
+                        None => { map.remove(&key); }
+                    }
+                }
+                let expected = scan(&map);
+                if let Some(d) = follow_digest(last.1, &last.0, &map) {
+                    prop_assert_eq!(d, expected);
+                }
+                last = (map.clone(), expected);
+            }
+        }
+    }
+
+    #[test]
+    fn a_mostly_rewritten_map_is_scanned_instead() {
+        let old: OrdMap<Bytes, Bytes> = (0u32..100)
+            .map(|i| {
+                (
+                    Bytes::from(i.to_be_bytes().to_vec()),
+                    Bytes::from_static(b"a"),
+                )
+            })
+            .collect();
+        let mut new = old.clone();
+        for i in 0u32..80 {
+            new.insert(
+                Bytes::from(i.to_be_bytes().to_vec()),
+                Bytes::from_static(b"b"),
+            );
+        }
+        assert!(follow_digest(scan(&old), &old, &new).is_none());
+        new = old.clone();
+        new.insert(Bytes::from_static(b"x"), Bytes::from_static(b"y"));
+        assert_eq!(follow_digest(scan(&old), &old, &new), Some(scan(&new)));
     }
 }

@@ -49,11 +49,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use self::chunk::ChunkParams;
+use self::cut::CutContents;
 use self::restore::remove_path;
 use self::write::LastWrite;
 use super::staging;
 use super::{FormatOutput, RestoreContext, RestoreStats, StoreFormat, WriteContext};
 use crate::changelog::ChangelogBinding;
+use crate::digest::LogicalDigest;
 use crate::error::Result;
 use crate::repo::{Manifest, StoreFormatId};
 use crate::store::memory::MemoryStore;
@@ -76,6 +78,9 @@ pub struct PortableFormat<S> {
     policy: DeltaPolicy,
     decode_budget: u64,
     last: Mutex<Option<LastWrite>>,
+    /// The last memory cut whose digest was computed, with that digest:
+    /// the next one follows the changes instead of rescanning.
+    digested: Mutex<Option<(imbl::OrdMap<bytes::Bytes, bytes::Bytes>, LogicalDigest)>>,
 }
 
 impl<S> fmt::Debug for PortableFormat<S> {
@@ -105,6 +110,7 @@ impl<S> PortableFormat<S> {
             policy: DeltaPolicy::default(),
             decode_budget: RESTORE_DECODE_BUDGET,
             last: Mutex::new(None),
+            digested: Mutex::new(None),
         }
     }
 
@@ -146,8 +152,21 @@ impl<S: PortableSource + 'static> StoreFormat for PortableFormat<S> {
         cut.binding.clone()
     }
 
-    fn cut_digest(&self, cut: &PortableCut) -> Result<Option<crate::digest::LogicalDigest>> {
-        Ok(Some(cut.logical_digest()))
+    /// For a memory cut, the digest of the previous digested cut adjusted
+    /// by the pairs that changed since (`OrdMap::diff` skips what the two
+    /// maps share), when fewer than half the keys changed; otherwise, and
+    /// for other cuts, a scan.
+    fn cut_digest(&self, cut: &PortableCut) -> Result<Option<LogicalDigest>> {
+        let CutContents::Memory(map, _) = &cut.contents else {
+            return Ok(Some(cut.logical_digest()));
+        };
+        let lock = || self.digested.lock().unwrap_or_else(|p| p.into_inner());
+        let previous = lock().clone();
+        let digest = previous
+            .and_then(|(old, d)| cut::follow_digest(d, &old, map))
+            .unwrap_or_else(|| cut.logical_digest());
+        *lock() = Some((map.clone(), digest));
+        Ok(Some(digest))
     }
 
     fn digest_by_default(&self) -> bool {
