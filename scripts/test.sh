@@ -11,26 +11,12 @@
 # directory lives outside the checkout so a fresh clone reuses the last build.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/build-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-env.sh"
 cd "$ROOT"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/statesnap-target}"
-export STATESNAP_CACHE="${STATESNAP_CACHE:-$HOME/.cache/statesnap}"
-export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-mkdir -p "$CARGO_TARGET_DIR" "$STATESNAP_CACHE"
-
-log() { printf '\n==> %s\n' "$*"; }
 
 # --- system packages -------------------------------------------------------
-need_apt=()
-command -v clang >/dev/null 2>&1 || need_apt+=(clang)
-# bindgen (librocksdb-sys) loads libclang at build time.
-dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
-if ((${#need_apt[@]})); then
-  log "installing ${need_apt[*]} (apt)"
-  if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
+build_env_install
 
 # --- real servers ----------------------------------------------------------
 # shellcheck source=scripts/s3.sh
@@ -54,10 +40,8 @@ export STATESNAP_REQUIRE_KAFKA=1
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
-# One feature set for every command (all features: rocksdb, kafka,
-# conformance), so nothing is compiled twice.
-FEATURES=(--workspace --all-features)
-
+# One feature set for every command (FEATURES, from build-env.sh: all
+# features), so nothing is compiled twice.
 log "cargo clippy (release profile, shared with tests)"
 cargo clippy --release "${FEATURES[@]}" --all-targets -- -D warnings
 
@@ -71,8 +55,13 @@ else
   log "not root: skipping the mount-point restore test (restore_target, ignored)"
 fi
 
-log "demo smoke run"
+log "demo smoke run (what scripts/demo.sh runs, at a small size)"
 cargo build --release "${FEATURES[@]}" --bins
-"$CARGO_TARGET_DIR/release/statesnap" demo --records 200000 --keys 20000
+demo_dir="$(mktemp -d)"
+"$CARGO_TARGET_DIR/release/statesnap" demo --keys 20000 --updates-per-key 10 \
+  --dir "$demo_dir/demo" | tee "$demo_dir/out"
+grep -q "speed-up: snapshot + tail was" "$demo_dir/out"
+grep -q "digests equal" "$demo_dir/out"
+rm -rf "$demo_dir"
 
 log "all checks passed"

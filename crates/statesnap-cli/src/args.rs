@@ -1,17 +1,26 @@
 //! Command-line arguments. Doc comments are the `--help` text.
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// statesnap: durable key-value state for stream processors that recovers fast.
 ///
 /// A store is a local cache of its changelog; snapshots copy the store's files
 /// to a repository, tagged with the changelog offset they reflect. Restore is
 /// the newest valid snapshot plus a replay of the changelog after it.
+///
+/// Exit codes: 0 ok; 1 internal error (a bug: please report it); 2 usage;
+/// 3 config (bad input, missing repository: fix it); 4 not found;
+/// 5 corrupt (a check failed; `verify` found problems); 6 stale (valid data
+/// that can no longer be used safely); 7 transient (unreachable server,
+/// timeout, lock held: retry); 8 local I/O (permissions, full disk);
+/// 9 already exists; 130 cancelled (Ctrl-C).
 #[derive(Debug, Parser)]
 #[command(name = "statesnap", version, about, long_about)]
 pub struct Cli {
-    /// Print machine-readable JSON instead of text.
+    /// Print machine-readable JSON on stdout instead of text (progress bars
+    /// are hidden).
     #[arg(long, global = true)]
     pub json: bool,
 
@@ -21,9 +30,273 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the main job on embedded defaults: write through a logged store,
-    /// drop it, rebuild it from the changelog, verify and report timings.
+    /// Create a repository (the marker object `statesnap.json`).
+    Init(RepoArgs),
+    /// Every store partition in the repository: snapshots, newest offset,
+    /// bytes named and bytes stored.
+    Stores(RepoArgs),
+    /// The snapshots of one store partition, oldest first.
+    List(ListArgs),
+    /// One snapshot's manifest.
+    Show(ShowArgs),
+    /// Check every blob's size and hash (in parallel); `--deep` also
+    /// restores snapshots into a scratch directory and compares their
+    /// logical digest. Exit code 5 when anything is wrong.
+    Verify(VerifyArgs),
+    /// The restore decision as a dry run: which source and why, bytes to
+    /// fetch and reuse, records to replay, estimated time.
+    Plan(PlanArgs),
+    /// Restore a store partition into a directory: newest usable snapshot
+    /// plus the changelog after it (falling back to older snapshots, then
+    /// to a full replay).
+    Restore(RestoreArgs),
+    /// Apply a retention policy: drop snapshots outside it (their blobs are
+    /// collected by gc after the grace period).
+    Retain(RetainArgs),
+    /// Collect blobs no snapshot names (two-phase: condemned first, deleted
+    /// by a run at least the grace period later).
+    Gc(GcArgs),
+    /// Read one key from a snapshot, offline.
+    Get(GetArgs),
+    /// List keys and values of a snapshot, offline.
+    Scan(ScanArgs),
+    /// Keys added, removed and changed between two snapshots of a store.
+    Diff(DiffArgs),
+    /// Copy a snapshot to another store partition (blobs copied and
+    /// verified, a new manifest): seed a blue/green deployment's store or
+    /// take a copy to inspect.
+    Clone(CloneArgs),
+    /// The main job on embedded defaults: a stateful workload with
+    /// background snapshots, a crash, and the store rebuilt two ways side
+    /// by side — newest snapshot + changelog tail vs full replay — with
+    /// times, bytes, records and logical digests.
     Demo(DemoArgs),
+}
+
+/// Where the repository is.
+#[derive(Debug, Clone, Args)]
+pub struct RepoArgs {
+    /// Repository URL: file:///DIR, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX,
+    /// az://CONTAINER/PREFIX. Credentials come from the environment as
+    /// object_store reads them (AWS_*, GOOGLE_*, AZURE_*).
+    #[arg(long, env = "STATESNAP_REPO", value_name = "URL")]
+    pub repo: String,
+    /// Backend option KEY=VALUE (repeatable), e.g. -o endpoint=http://127.0.0.1:9000
+    /// -o allow_http=true -o region=us-east-1.
+    #[arg(short = 'o', long = "option", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub options: Vec<(String, String)>,
+    /// The longest a writer may take to commit a snapshot (the
+    /// repository's `max_commit_duration`; writers default to 10m). gc
+    /// refuses a grace period shorter than twice it: set it to what your
+    /// writers use, never lower.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10m")]
+    pub max_commit: Duration,
+}
+
+/// A store partition: `APPLICATION/STORE/PARTITION` (or dotted, as keys are
+/// written in the repository).
+#[derive(Debug, Clone, Args)]
+pub struct StoreArg {
+    /// The store partition, APPLICATION/STORE/PARTITION.
+    #[arg(value_name = "STORE")]
+    pub store: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// The store's changelog (file://DIR or kafka://HOST:PORT/TOPIC/PARTITION):
+    /// with it, each snapshot says whether a restore could use it.
+    #[arg(long, value_name = "URL")]
+    pub changelog: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// Snapshot id, or `latest`.
+    #[arg(value_name = "ID")]
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Only this store partition (default: every store).
+    #[arg(value_name = "STORE")]
+    pub store: Option<String>,
+    /// Also restore each store's newest snapshot (or --snapshot) into a
+    /// scratch directory and compare its logical digest.
+    #[arg(long)]
+    pub deep: bool,
+    /// With --deep and a STORE: this snapshot instead of the newest.
+    #[arg(long, value_name = "ID", requires = "store")]
+    pub snapshot: Option<String>,
+    /// Move bad blobs to the store's quarantine (the next snapshot uploads
+    /// them again).
+    #[arg(long)]
+    pub quarantine: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// The store's changelog: file://DIR or kafka://HOST:PORT/TOPIC/PARTITION.
+    #[arg(long, value_name = "URL")]
+    pub changelog: String,
+    /// The local store directory a restore would reuse (default: none).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Point in time: the last changelog offset the result reflects.
+    #[arg(long, value_name = "OFFSET")]
+    pub at_offset: Option<u64>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// The store's changelog: file://DIR or kafka://HOST:PORT/TOPIC/PARTITION.
+    #[arg(long, value_name = "URL")]
+    pub changelog: String,
+    /// Where the restored store goes (a RocksDB directory).
+    #[arg(long, value_name = "DIR")]
+    pub to: PathBuf,
+    /// Point in time: the last changelog offset the result reflects.
+    #[arg(long, value_name = "OFFSET")]
+    pub at_offset: Option<u64>,
+    /// Replace a non-empty target directory (its contents are deleted).
+    #[arg(long)]
+    pub force: bool,
+    /// Ignore snapshots: rebuild by replaying the whole changelog.
+    #[arg(long)]
+    pub full_replay: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RetainArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Only this store partition (default: every store).
+    #[arg(value_name = "STORE")]
+    pub store: Option<String>,
+    /// Keep the newest N snapshots (and what they depend on).
+    #[arg(long, value_name = "N")]
+    pub keep_last: Option<usize>,
+    /// Keep snapshots younger than this (e.g. 7d, 12h, 30m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub keep_newer_than: Option<Duration>,
+    /// Report what would go; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Blobs younger than this are never condemned (default 1h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
+    pub grace: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Only this store partition (default: every store).
+    #[arg(value_name = "STORE")]
+    pub store: Option<String>,
+    /// Report what would go; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Blobs younger than this are never condemned, and condemned blobs
+    /// are deleted no earlier than this after (default 1h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
+    pub grace: Duration,
+}
+
+/// Which snapshot to read.
+#[derive(Debug, Clone, Args)]
+pub struct SnapshotArg {
+    /// Snapshot id (default: the newest).
+    #[arg(long, value_name = "ID", default_value = "latest")]
+    pub snapshot: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GetArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub snapshot: SnapshotArg,
+    /// The key (UTF-8; with --hex, hex digits).
+    pub key: String,
+    /// KEY is hex, and values print as hex.
+    #[arg(long)]
+    pub hex: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ScanArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub snapshot: SnapshotArg,
+    /// Only keys starting with this (UTF-8; with --hex, hex digits).
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: Option<String>,
+    /// At most this many pairs.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub limit: usize,
+    /// Keys and values print as hex (and PREFIX is hex).
+    #[arg(long)]
+    pub hex: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DiffArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// The older snapshot id.
+    #[arg(value_name = "ID1")]
+    pub from: String,
+    /// The newer snapshot id (or `latest`).
+    #[arg(value_name = "ID2")]
+    pub to: String,
+    /// Keys of each kind shown as a sample.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub sample: usize,
+    /// Keys print as hex.
+    #[arg(long)]
+    pub hex: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CloneArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// The source store partition, APPLICATION/STORE/PARTITION.
+    #[arg(long, value_name = "STORE")]
+    pub from: String,
+    /// The target store partition, APPLICATION/STORE/PARTITION.
+    #[arg(long, value_name = "STORE")]
+    pub to: String,
+    /// The snapshot to copy (default: the newest).
+    #[arg(long, value_name = "ID", default_value = "latest")]
+    pub snapshot: String,
 }
 
 /// Which store the demo uses.
@@ -36,26 +309,31 @@ pub enum StoreKind {
     Rocksdb,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
-    /// Working directory (default: a fresh temporary directory, removed after).
+    /// Working directory (default: a new `statesnap-demo-<time>` under the
+    /// current one, removed at the end unless --keep).
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Records to write.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub records: u64,
-    /// Distinct keys the records are spread over.
+    /// Keep the working directory (store, changelog, repository).
+    #[arg(long)]
+    pub keep: bool,
+    /// Users (each has a count and a last-seen key).
     #[arg(long, default_value_t = 100_000)]
     pub keys: u64,
-    /// Value size in bytes.
-    #[arg(long, default_value_t = 100)]
-    pub value_size: usize,
-    /// Records per commit.
-    #[arg(long, default_value_t = 10_000)]
-    pub batch: u64,
+    /// Events per user on average (the history the changelog holds).
+    #[arg(long, default_value_t = 10)]
+    pub updates_per_key: u64,
     /// Store type.
     #[arg(long, value_enum, default_value_t = default_store())]
     pub store: StoreKind,
+    /// Repository URL instead of one in the working directory (e.g. an S3
+    /// bucket: s3://BUCKET/PREFIX with -o options).
+    #[arg(long, value_name = "URL")]
+    pub repo: Option<String>,
+    /// Backend option KEY=VALUE for --repo (repeatable).
+    #[arg(short = 'o', long = "option", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub options: Vec<(String, String)>,
 }
 
 fn default_store() -> StoreKind {
@@ -66,5 +344,55 @@ fn default_store() -> StoreKind {
     #[cfg(not(feature = "rocksdb"))]
     {
         StoreKind::Memory
+    }
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got `{s}`")),
+    }
+}
+
+/// `90s`, `30m`, `12h`, `7d`, or a number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (digits, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("expected a duration like 90s, 30m, 12h or 7d, got `{s}`"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => {
+            return Err(format!(
+                "unknown duration unit `{unit}` in `{s}`; use s, m, h or d"
+            ));
+        }
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
+        assert!(parse_duration("7w").is_err());
+        assert!(parse_duration("h").is_err());
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

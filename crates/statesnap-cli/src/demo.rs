@@ -1,199 +1,402 @@
 //! `statesnap demo`: the main job on embedded defaults.
+//!
+//! A stateful workload — per-user event counts and last-seen pages over a
+//! Zipf-skewed user space, with account deletions — runs through the
+//! runtime (a `StateManager` and one `StateHandle`) on a file changelog and
+//! a local repository, snapshotting in the background by policy. Then the
+//! machine "crashes": the handle is dropped without a handoff snapshot and
+//! the store directory is lost. The store is rebuilt twice, side by side:
+//! by `StateManager::open` (newest snapshot + the changelog tail) and by a
+//! full replay of the changelog; both are compared with each other and with
+//! a model of the workload by logical digest.
 
-use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
-use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogId};
-use statesnap::restore::ReplayOptions;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
-use statesnap::store::{StateStore, StateStoreExt};
-use statesnap::{Error, ErrorKind, Result};
+use serde_json::json;
+use statesnap::Changelog;
+use statesnap::changelog::ChangelogId;
+use statesnap::digest::LogicalDigest;
+use statesnap::format::StoreFormat;
+use statesnap::{
+    Error, ErrorKind, FileChangelog, RestoreOptions, Result, SnapshotPolicy, StateManager,
+    StateStoreExt, StoreSpec, restore_store,
+};
 
 use crate::args::{DemoArgs, StoreKind};
+use crate::out::{self, Out};
 
-fn open_store(
-    kind: StoreKind,
-    #[allow(unused_variables)] dir: &Path,
-) -> Result<Box<dyn StateStore>> {
-    Ok(match kind {
-        StoreKind::Memory => Box::new(MemoryStore::new()),
-        #[cfg(feature = "rocksdb")]
-        StoreKind::Rocksdb => Box::new(statesnap::store::rocks::RocksStore::open(
-            dir,
-            &statesnap::store::rocks::RocksOptions::default(),
-        )?),
-    })
+/// Which store the demo runs on: how to make its spec and its format.
+trait DemoStore {
+    type F: StoreFormat + 'static;
+    fn spec(log: FileChangelog, dir: &Path) -> Result<StoreSpec<Self::F, FileChangelog>>;
 }
 
-fn value_for(i: u64, size: usize) -> Vec<u8> {
-    let mut v = format!("value-{i:012}-").into_bytes();
-    v.resize(size.max(v.len()), b'.');
-    v.truncate(size);
-    v
-}
-
-pub fn run(args: &DemoArgs, json: bool) -> Result<()> {
-    if args.keys == 0 || args.batch == 0 {
-        return Err(Error::new(
-            ErrorKind::Config,
-            "--keys and --batch must be at least 1",
-        ));
+struct Memory;
+impl DemoStore for Memory {
+    type F = statesnap::PortableFormat<statesnap::MemoryStore>;
+    fn spec(log: FileChangelog, dir: &Path) -> Result<StoreSpec<Self::F, FileChangelog>> {
+        StoreSpec::memory("demo", "users", 0, log, dir)
     }
-    let _tmp;
-    let root: PathBuf = match &args.dir {
+}
+
+#[cfg(feature = "rocksdb")]
+struct Rocks;
+#[cfg(feature = "rocksdb")]
+impl DemoStore for Rocks {
+    type F = statesnap::RocksFormat;
+    fn spec(log: FileChangelog, dir: &Path) -> Result<StoreSpec<Self::F, FileChangelog>> {
+        StoreSpec::rocksdb("demo", "users", 0, log, dir)
+    }
+}
+
+/// splitmix64: a small, fast, seeded generator (the workload must be the
+/// same on every run).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Zipf(s = 1) over `n` users by inverse CDF: user 0 is the busiest.
+struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: u64) -> Self {
+        let mut acc = 0.0;
+        let mut cdf: Vec<f64> = (1..=n)
+            .map(|k| {
+                acc += 1.0 / k as f64;
+                acc
+            })
+            .collect();
+        for c in &mut cdf {
+            *c /= acc;
+        }
+        Zipf { cdf }
+    }
+
+    fn sample(&self, rng: &mut Rng) -> u64 {
+        let u = rng.unit();
+        self.cdf.partition_point(|&c| c < u) as u64
+    }
+}
+
+const PAGES: [&str; 6] = ["/", "/search", "/cart", "/checkout", "/account", "/help"];
+
+/// What the workload left: the model of the state, and figures.
+struct Written {
+    model: HashMap<Vec<u8>, Vec<u8>>,
+    events: u64,
+    records: u64,
+    took: Duration,
+    snapshots: u64,
+}
+
+/// Runs the workload through `handle`: for each event, the user's count
+/// (read-modify-write) and last-seen page; 1 in 200 events deletes the
+/// user's account (both keys).
+fn workload<F: StoreFormat, C: statesnap::Changelog>(
+    h: &mut statesnap::StateHandle<F, C>,
+    users: u64,
+    events: u64,
+    pb: &indicatif::ProgressBar,
+) -> Result<HashMap<Vec<u8>, Vec<u8>>> {
+    let zipf = Zipf::new(users);
+    let mut rng = Rng(42);
+    let mut model = HashMap::new();
+    for i in 0..events {
+        let user = zipf.sample(&mut rng);
+        let count_key = format!("user-{user:08}/count").into_bytes();
+        let seen_key = format!("user-{user:08}/last-seen").into_bytes();
+        if rng.next().is_multiple_of(200) {
+            h.delete(count_key.clone());
+            h.delete(seen_key.clone());
+            model.remove(&count_key);
+            model.remove(&seen_key);
+        } else {
+            let count = match h.get(&count_key)? {
+                Some(v) => std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        Error::new(ErrorKind::Internal, "the demo's count is not a number")
+                    })?,
+                None => 0,
+            } + 1;
+            let page = PAGES[(rng.next() % PAGES.len() as u64) as usize];
+            let seen = format!("event {i} page {page}").into_bytes();
+            let count = count.to_string().into_bytes();
+            h.put(count_key.clone(), count.clone());
+            h.put(seen_key.clone(), seen.clone());
+            model.insert(count_key, count);
+            model.insert(seen_key, seen);
+        }
+        if (i + 1) % 1000 == 0 {
+            h.commit()?;
+            pb.set_position(i + 1);
+        }
+    }
+    h.commit()?;
+    pb.finish_and_clear();
+    Ok(model)
+}
+
+fn log(dir: &Path) -> Result<FileChangelog> {
+    let id = ChangelogId::for_store("demo", "users", 0)?;
+    FileChangelog::open(dir.join("changelog"), id, Default::default())
+}
+
+async fn repository(a: &DemoArgs, dir: &Path) -> Result<statesnap::Repository> {
+    let url = a
+        .repo
+        .clone()
+        .unwrap_or_else(|| format!("file://{}", dir.join("repo").display()));
+    let opts = statesnap::RepositoryOptions {
+        store_options: a.options.iter().cloned().collect(),
+        ..Default::default()
+    };
+    match statesnap::Repository::open(&url, opts.clone()).await {
+        Ok(r) => Ok(r),
+        Err(e) if e.kind() == ErrorKind::NotFound => statesnap::Repository::init(&url, opts).await,
+        Err(e) => Err(e),
+    }
+}
+
+async fn run_with<K: DemoStore>(a: &DemoArgs, dir: &Path, out: Out) -> Result<serde_json::Value> {
+    let repo = repository(a, dir).await?;
+    let events = a.keys * a.updates_per_key;
+    // Background snapshots: every 2 s or every twentieth of the workload's
+    // records, whichever comes first, at most five a second. The crash
+    // comes at the end, so the tail is what came after the last one.
+    let policy = SnapshotPolicy::manual()
+        .every(Duration::from_secs(2))
+        .every_records((events / 20).max(1))
+        .min_interval(Duration::from_millis(200));
+    let manager = StateManager::builder(repo.clone()).policy(policy).build()?;
+
+    // 1. The application runs.
+    let mut h = manager
+        .open(K::spec(log(dir)?, &dir.join("store"))?)
+        .await?;
+    let pb = out.progress(events, "events", false);
+    let started = Instant::now();
+    let model = workload(&mut h, a.keys, events, &pb)?;
+    let took = started.elapsed();
+    let status = h.wait_for_snapshot().await;
+    let written = Written {
+        model,
+        events,
+        records: h.changelog().end_offset()?,
+        took,
+        snapshots: status.snapshots_taken,
+    };
+    // 2. The crash: no handoff snapshot, and the local store is lost.
+    h.abandon().await;
+    std::fs::remove_dir_all(dir.join("store")).or_else(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Ok(()),
+        _ => Err(Error::new(ErrorKind::Io, "cannot remove the demo store").with_source(e)),
+    })?;
+
+    // 3a. Rebuilt the way the runtime does: newest snapshot + tail.
+    let spinner = out.spinner("restoring from the newest snapshot + changelog tail");
+    let h = manager
+        .open(K::spec(log(dir)?, &dir.join("restored-from-snapshot"))?)
+        .await?;
+    spinner.finish_and_clear();
+    let snap_report = h.report().clone();
+    let snap_time = h.opened_in();
+    let snap_digest = h.store().logical_digest()?;
+    h.abandon().await;
+
+    // 3b. Rebuilt by replaying the whole changelog.
+    let spinner = out.spinner("rebuilding by full changelog replay");
+    let spec = K::spec(log(dir)?, &dir.join("restored-by-replay"))?;
+    let started = Instant::now();
+    let (store, replay_report) = restore_store(
+        &spec.format,
+        &repo,
+        &spec.store_key,
+        &spec.changelog,
+        &spec.dir,
+        &RestoreOptions {
+            full_replay: true,
+            ..RestoreOptions::default()
+        },
+    )
+    .await?;
+    let replay_time = started.elapsed();
+    spinner.finish_and_clear();
+    let replay_digest = store.logical_digest()?;
+    drop(store);
+    manager.shutdown().await;
+
+    let model_digest = LogicalDigest::of_pairs(
+        written
+            .model
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice())),
+    );
+    let equal = snap_digest == replay_digest && snap_digest == model_digest;
+    let speedup = replay_time.as_secs_f64() / snap_time.as_secs_f64().max(1e-6);
+    let result = json!({
+        "events": written.events,
+        "changelog_records": written.records,
+        "live_keys": written.model.len(),
+        "write_seconds": written.took.as_secs_f64(),
+        "background_snapshots": written.snapshots,
+        "snapshot_restore": {
+            "source": snap_report.source.to_string(),
+            "seconds": snap_time.as_secs_f64(),
+            "bytes_downloaded": snap_report.transfer.bytes_downloaded,
+            "records_replayed": snap_report.replay.records,
+            "digest": snap_digest.to_string(),
+        },
+        "full_replay": {
+            "seconds": replay_time.as_secs_f64(),
+            "bytes_downloaded": replay_report.transfer.bytes_downloaded,
+            "records_replayed": replay_report.replay.records,
+            "digest": replay_digest.to_string(),
+        },
+        "model_digest": model_digest.to_string(),
+        "digests_equal": equal,
+        "speedup": speedup,
+    });
+    if !out.json {
+        println!(
+            "ran {} events ({} changelog records, {} live keys) in {} with {} background snapshots",
+            written.events,
+            written.records,
+            written.model.len(),
+            out::secs(written.took),
+            written.snapshots
+        );
+        println!("crash: the store directory is gone; rebuilding it two ways");
+        let mut t = out.table(&[
+            "rebuilt from",
+            "time",
+            "downloaded",
+            "records replayed",
+            "logical digest",
+        ]);
+        t.add_row(vec![
+            "newest snapshot + tail".to_owned(),
+            out::secs(snap_time),
+            out::bytes(snap_report.transfer.bytes_downloaded),
+            snap_report.replay.records.to_string(),
+            short_digest(&snap_digest),
+        ]);
+        t.add_row(vec![
+            "full changelog replay".to_owned(),
+            out::secs(replay_time),
+            out::bytes(replay_report.transfer.bytes_downloaded),
+            replay_report.replay.records.to_string(),
+            short_digest(&replay_digest),
+        ]);
+        println!("{t}");
+        println!("the snapshot restore used {}", snap_report.source);
+        println!("speed-up: snapshot + tail was {speedup:.1}x faster than full replay");
+        if equal {
+            println!("digests equal: both rebuilt stores equal the workload's model, key for key");
+        } else {
+            println!("DIGESTS DIFFER (model {model_digest}): this is a bug, please report it");
+        }
+    }
+    Ok(result)
+}
+
+/// `live keys:` and the first 16 hex digits: enough to tell digests apart
+/// at a glance (`--json` prints them whole).
+fn short_digest(d: &LogicalDigest) -> String {
+    let full = d.to_string();
+    match full.split_once(':') {
+        Some((n, hex)) => format!("{n} keys, {}…", &hex[..hex.len().min(16)]),
+        None => full,
+    }
+}
+
+/// The demo's directory: `--dir`, or a fresh `statesnap-demo-<time>` under
+/// the current directory.
+fn demo_dir(a: &DemoArgs) -> Result<PathBuf> {
+    let dir = match &a.dir {
         Some(d) => d.clone(),
         None => {
-            let t = tempfile::tempdir().map_err(|e| {
-                Error::new(ErrorKind::Io, "cannot create a temporary directory").with_source(e)
-            })?;
-            let p = t.path().to_path_buf();
-            _tmp = t;
-            p
+            use statesnap::clock::Clock as _;
+            let stamp = statesnap::clock::SystemClock.now_ms() / 1000;
+            PathBuf::from(format!("statesnap-demo-{stamp}"))
         }
     };
-    let changelog_dir = root.join("changelog");
-    let store_dir = root.join("store");
-    let id = ChangelogId::for_store("demo", "counts", 0)?;
-    let say = |s: String| {
-        if !json {
-            println!("{s}");
-        }
-    };
-    say(format!(
-        "statesnap demo: {} records over {} keys ({}-byte values), store={:?}, dir={}",
-        args.records,
-        args.keys,
-        args.value_size,
-        args.store,
-        root.display()
-    ));
-
-    // 1. Write through a LoggedStore: changelog first, then the store.
-    let mut model: HashMap<u64, Option<u64>> = HashMap::new();
-    let t0 = Instant::now();
-    {
-        let changelog =
-            FileChangelog::open(&changelog_dir, id.clone(), FileChangelogOptions::default())?;
-        let store = open_store(args.store, &store_dir)?;
-        let mut logged = LoggedStore::new(store, changelog)?;
-        logged.catch_up(&ReplayOptions::default())?;
-        for i in 0..args.records {
-            // A multiplicative hash spreads writes over the key space.
-            let k = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % args.keys;
-            let key = format!("key-{k:010}");
-            if i % 10 == 9 {
-                logged.delete(key);
-                model.insert(k, None);
-            } else {
-                logged.put(key, value_for(i, args.value_size));
-                model.insert(k, Some(i));
-            }
-            if (i + 1) % args.batch == 0 {
-                logged.commit()?;
-            }
-        }
-        logged.commit()?;
-        logged.changelog().flush()?;
-    }
-    let write = t0.elapsed();
-    say(format!(
-        "wrote    {} records in {:.2?} ({:.0} records/s), committed every {}",
-        args.records,
-        write,
-        args.records as f64 / write.as_secs_f64().max(1e-9),
-        args.batch
-    ));
-
-    // 2. Lose the store entirely, then rebuild it by replaying the changelog.
-    if store_dir.exists() {
-        std::fs::remove_dir_all(&store_dir).map_err(|e| {
-            Error::new(ErrorKind::Io, "cannot remove the demo store").with_source(e)
-        })?;
-    }
-    let changelog = FileChangelog::open(&changelog_dir, id, FileChangelogOptions::default())?;
-    let store = open_store(args.store, &store_dir)?;
-    let mut logged = LoggedStore::new(store, changelog)?;
-    let end = logged.changelog().end_offset()?;
-    let bar = if json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(end).with_style(
-            ProgressStyle::with_template("replay   [{bar:40}] {pos}/{len} offsets {per_sec}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
-    };
-    let report = logged.catch_up_with_progress(&ReplayOptions::default(), &mut |p| {
-        bar.set_position(p.applied_offset + 1);
-    })?;
-    bar.finish_and_clear();
-    say(format!(
-        "replayed {} records ({} MB) in {:.2?} ({:.0} records/s) into an empty store",
-        report.records,
-        report.bytes / 1_000_000,
-        report.duration,
-        report.records_per_sec()
-    ));
-
-    // 3. Verify the rebuilt store against the model of committed writes.
-    let t2 = Instant::now();
-    let live: HashMap<u64, u64> = model
-        .iter()
-        .filter_map(|(k, v)| v.map(|i| (*k, i)))
-        .collect();
-    let mut seen = 0u64;
-    for kv in logged.store().iter()? {
-        let (k, v) = kv?;
-        let ks = std::str::from_utf8(&k)
-            .ok()
-            .and_then(|s| s.strip_prefix("key-"))
-            .and_then(|s| s.parse::<u64>().ok());
-        let Some(k) = ks else {
-            return Err(Error::new(
-                ErrorKind::Internal,
-                format!("unexpected key in rebuilt store key={k:?}"),
-            ));
-        };
-        match live.get(&k) {
-            Some(i) if v.as_ref() == value_for(*i, args.value_size).as_slice() => seen += 1,
-            _ => {
-                return Err(Error::new(
-                    ErrorKind::Internal,
-                    format!("rebuilt store disagrees with the model key={k}"),
-                ));
-            }
-        }
-    }
-    if seen != live.len() as u64 {
+    if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
         return Err(Error::new(
-            ErrorKind::Internal,
+            ErrorKind::Config,
             format!(
-                "rebuilt store is missing keys expected={} found={seen}",
-                live.len()
+                "the demo directory is not empty path=`{}`; give a new one with --dir",
+                dir.display()
             ),
         ));
     }
-    say(format!(
-        "verified {seen} live keys ({} deleted) in {:.2?}: the rebuilt store equals the committed writes",
-        model.len() - live.len(),
-        t2.elapsed()
-    ));
-    if json {
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        Error::new(
+            ErrorKind::Io,
+            format!("cannot create the demo directory path=`{}`", dir.display()),
+        )
+        .with_source(e)
+    })?;
+    Ok(dir)
+}
+
+pub async fn run(a: &DemoArgs, out: Out) -> Result<ExitCode> {
+    if a.keys == 0 || a.updates_per_key == 0 {
+        return Err(Error::new(
+            ErrorKind::Config,
+            "--keys and --updates-per-key must be at least 1",
+        ));
+    }
+    let dir = demo_dir(a)?;
+    if !out.json {
         println!(
-            "{}",
-            serde_json::json!({
-                "records": args.records,
-                "keys": args.keys,
-                "live_keys": seen,
-                "write_secs": write.as_secs_f64(),
-                "replay_records": report.records,
-                "replay_secs": report.duration.as_secs_f64(),
-                "replay_records_per_sec": report.records_per_sec(),
-            })
+            "statesnap demo: {} users x {} events each (Zipf-skewed), {:?} store, in {}{}",
+            a.keys,
+            a.updates_per_key,
+            a.store,
+            dir.display(),
+            if a.keep {
+                ""
+            } else {
+                " (removed at the end; --keep keeps it)"
+            }
         );
     }
-    Ok(())
+    let result = match a.store {
+        StoreKind::Memory => run_with::<Memory>(a, &dir, out).await,
+        #[cfg(feature = "rocksdb")]
+        StoreKind::Rocksdb => run_with::<Rocks>(a, &dir, out).await,
+    };
+    if !a.keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let result = result?;
+    let equal = result["digests_equal"] == true;
+    if out.json {
+        out.json(&result);
+    }
+    Ok(if equal {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(out::exit_code(ErrorKind::Internal))
+    })
 }

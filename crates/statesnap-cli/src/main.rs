@@ -1,10 +1,38 @@
-//! The `statesnap` command: a thin shell over the library.
+//! The `statesnap` command: a thin shell over the library. Each command is
+//! one library call plus printing (see `cmd/`); errors become exit codes by
+//! kind (`statesnap --help` lists them).
 
 mod args;
+mod cmd;
 mod demo;
+mod out;
 
 use clap::Parser;
 use std::process::ExitCode;
+
+use args::Command;
+use out::Out;
+use statesnap::{Error, ErrorKind, Result};
+
+async fn dispatch(cli: &args::Cli) -> Result<ExitCode> {
+    let out = Out { json: cli.json };
+    match &cli.command {
+        Command::Init(a) => cmd::inspect::init(a, out).await,
+        Command::Stores(a) => cmd::inspect::stores(a, out).await,
+        Command::List(a) => cmd::inspect::list(a, out).await,
+        Command::Show(a) => cmd::inspect::show(a, out).await,
+        Command::Verify(a) => cmd::verify::run(a, out).await,
+        Command::Plan(a) => cmd::restore::plan(a, out).await,
+        Command::Restore(a) => cmd::restore::restore(a, out).await,
+        Command::Retain(a) => cmd::clean::retain(a, out).await,
+        Command::Gc(a) => cmd::clean::gc(a, out).await,
+        Command::Get(a) => cmd::read::get(a, out).await,
+        Command::Scan(a) => cmd::read::scan(a, out).await,
+        Command::Diff(a) => cmd::read::diff(a, out).await,
+        Command::Clone(a) => cmd::inspect::clone(a, out).await,
+        Command::Demo(a) => demo::run(a, out).await,
+    }
+}
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
@@ -15,14 +43,58 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let result = match &cli.command {
-        args::Command::Demo(a) => demo::run(a, cli.json),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
         Err(e) => {
-            eprintln!("statesnap: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("statesnap: cannot start the async runtime: {e}");
+            return ExitCode::from(out::exit_code(ErrorKind::Io));
+        }
+    };
+    // Ctrl-C cancels the command's task: restores and snapshot writes
+    // stage their work in hidden paths whose guards remove them when the
+    // task is dropped, and a restore moves nothing into place after a
+    // cancellation. Dropping the runtime then waits for steps still running
+    // on its threads to finish and clean up after themselves.
+    let cli = std::sync::Arc::new(cli);
+    let task = {
+        let cli = cli.clone();
+        rt.spawn(async move { dispatch(&cli).await })
+    };
+    let abort = task.abort_handle();
+    let result = rt.block_on(async {
+        tokio::select! {
+            r = task => r.unwrap_or_else(|e| Err(Error::new(
+                ErrorKind::Internal,
+                "the command panicked; please report it",
+            ).with_source(e))),
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("statesnap: interrupted; cancelling and cleaning up");
+                abort.abort();
+                Err(Error::new(
+                    ErrorKind::Cancelled,
+                    "interrupted (Ctrl-C): the command was cancelled; nothing partial was left \
+                     behind",
+                ))
+            }
+        }
+    });
+    drop(rt);
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "error": {"kind": e.kind().as_str(), "message": e.to_string()}
+                    })
+                );
+            }
+            eprintln!("statesnap: {e}");
+            ExitCode::from(out::exit_code(e.kind()))
         }
     }
 }

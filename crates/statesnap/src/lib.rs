@@ -156,3 +156,9 @@ pub use store::memory::MemoryStore;
 #[cfg(feature = "rocksdb")]
 pub use store::rocks::{RocksOptions, RocksStore};
 pub use store::{StateStore, StateStoreExt};
+
+/// The README's code blocks, compiled as doctests: its library example
+/// must keep building.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -9,6 +9,8 @@
 //! holding records `0..=9` has `end_offset() == 10`.
 
 pub mod file;
+mod url;
+pub use url::ChangelogUrl;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 

@@ -64,6 +64,49 @@ impl Listing {
     pub fn at_or_before(&self, offset: u64) -> Option<&SnapshotInfo> {
         self.snapshots.iter().rev().find(|s| s.offset() <= offset)
     }
+
+    /// Counts and sizes over the listing (see [`StoreSummary`]).
+    pub fn summary(&self, store_key: &StoreKey) -> StoreSummary {
+        let mut blobs = std::collections::BTreeMap::new();
+        let mut total_bytes = 0u64;
+        for s in &self.snapshots {
+            for f in &s.manifest.files {
+                total_bytes += f.size;
+                blobs.insert(f.blake3, f.size);
+            }
+        }
+        let newest = self.latest();
+        StoreSummary {
+            store_key: store_key.clone(),
+            snapshots: self.snapshots.len(),
+            unreadable: self.unreadable.len(),
+            newest_offset: newest.map(SnapshotInfo::offset),
+            newest_created_at: newest.map(|s| s.manifest.created_at),
+            total_bytes,
+            unique_bytes: blobs.values().sum(),
+        }
+    }
+}
+
+/// What one store partition holds in the repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreSummary {
+    /// The store partition.
+    pub store_key: StoreKey,
+    /// Valid snapshots.
+    pub snapshots: usize,
+    /// Manifests that could not be used.
+    pub unreadable: usize,
+    /// The newest snapshot's changelog offset.
+    pub newest_offset: Option<u64>,
+    /// When the newest snapshot was created (ms since the epoch).
+    pub newest_created_at: Option<i64>,
+    /// Bytes the snapshots name, each counted once per snapshot (what
+    /// restoring every one of them would download).
+    pub total_bytes: u64,
+    /// Bytes of the distinct blobs they name (what they occupy; blobs not
+    /// yet collected by gc are not counted).
+    pub unique_bytes: u64,
 }
 
 /// A manifest key found by listing, not yet read.
@@ -206,6 +249,16 @@ impl Repository {
             .delete(&k.key)
             .await
             .map_err(|e| map_store_error(e, &format!("cannot delete manifest key=`{}`", k.key)))
+    }
+
+    /// [`Listing::summary`] of every store partition, sorted by key.
+    pub async fn store_summaries(&self) -> Result<Vec<StoreSummary>> {
+        let mut out = Vec::new();
+        for sk in self.list_stores().await? {
+            let listing = self.list_snapshots(&sk).await?;
+            out.push(listing.summary(&sk));
+        }
+        Ok(out)
     }
 
     /// Every store partition with a folder in the repository, sorted.

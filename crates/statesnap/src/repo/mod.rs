@@ -22,6 +22,7 @@
 
 pub mod blob;
 pub mod catalog;
+pub mod clone;
 pub mod commit;
 #[cfg(feature = "testing")]
 pub mod faulty;
@@ -43,7 +44,8 @@ use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, ErrorKind, Result};
 
 pub use blob::{BlobRef, PutOutcome, TransferOptions};
-pub use catalog::{Listing, SnapshotInfo, UnreadableManifest};
+pub use catalog::{Listing, SnapshotInfo, StoreSummary, UnreadableManifest};
+pub use clone::CloneReport;
 pub use commit::SnapshotWriter;
 pub use gc::{GcOptions, GcReport};
 pub use limit::BandwidthLimit;

@@ -126,6 +126,53 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
     execute(format, repo, changelog, target, plan, options).await
 }
 
+/// [`restore_store`] for a store another process will open (the CLI's
+/// `restore`): the whole restore — the snapshot *and* the changelog tail —
+/// is built in a hidden staging directory next to `target`, the store is
+/// closed and synced, and only then moved over `target`. An error, or the
+/// future being dropped (Ctrl-C), at any point leaves `target` as it was,
+/// and the staging directory is removed (by its guard; a killed process's
+/// leftovers by the next restore of `target`). The store already in
+/// `target` is never reused (`local_first` is ignored). Fails `config` for a
+/// format whose stores live in memory (nothing to put in a directory).
+pub async fn restore_into<F: StoreFormat, C: Changelog + ?Sized>(
+    format: &F,
+    repo: &Repository,
+    store_key: &StoreKey,
+    changelog: &C,
+    target: &Path,
+    options: &RestoreOptions,
+) -> Result<RestoreReport> {
+    use crate::format::staging;
+    if options.replace_unmarked && staging::check_adoptable(target)? {
+        crate::store::mark_store_dir(target)?;
+    }
+    staging::check_replaceable(target)?;
+    let (stage, mut guard) = staging::new_restore_staging(target)?;
+    let inner = RestoreOptions {
+        local_first: false,
+        replace_unmarked: false,
+        ..options.clone()
+    };
+    let (store, report) = restore_store(format, repo, store_key, changelog, &stage, &inner).await?;
+    drop(store);
+    // The replay above runs without an await: give a cancellation that
+    // came meanwhile (Ctrl-C) its chance before anything is moved.
+    tokio::task::yield_now().await;
+    if std::fs::symlink_metadata(&stage).is_err() {
+        return Err(Error::config(format!(
+            "this format keeps its stores in memory: there is nothing to restore into a \
+             directory store_key=`{store_key}` format=`{}`; restore with a format whose \
+             stores live on disk",
+            format.id().name
+        )));
+    }
+    staging::sync_tree(&stage)?;
+    staging::swap_into_place(&stage, target, |_| Ok(()))?;
+    guard.armed = false;
+    Ok(report)
+}
+
 /// Compares a restored store's logical digest with its manifest's (no
 /// digest recorded: nothing to compare).
 fn check_digest<S: StateStore>(store: &S, m: &Manifest) -> Result<()> {
@@ -165,37 +212,29 @@ impl DeepVerifyReport {
     }
 }
 
-/// Restores snapshot `manifest` into the scratch directory `scratch` (which
-/// must not exist: it is removed afterwards), every blob
-/// verified by the format, checks the store sits at the snapshot's offset,
-/// computes its logical digest and compares it with the manifest's. The
-/// scratch directory is removed afterwards. A failed restore is returned
-/// as its error (`corrupt` for a bad blob); a digest mismatch is in the
-/// report ([`DeepVerifyReport::is_ok`]).
-pub async fn verify_deep<F: StoreFormat>(
+/// Restores snapshot `manifest` alone — no changelog, no replay — into
+/// `dir` (which must not exist), every blob verified by the format, and
+/// checks the store sits at the snapshot's offset: the snapshot's contents,
+/// to read offline (the CLI's `get`, `scan` and `diff`). The caller owns
+/// `dir` afterwards; on failure it is removed.
+pub async fn open_snapshot<F: StoreFormat>(
     format: &F,
     repo: &Repository,
     manifest: &Manifest,
-    scratch: &Path,
-) -> Result<DeepVerifyReport> {
-    // Never remove what the caller had there: the scratch directory is
-    // ours only if we create it.
-    if std::fs::symlink_metadata(scratch).is_ok() {
+    dir: &Path,
+) -> Result<(F::Store, RestoreStats)> {
+    // Never remove what the caller had there: the directory is ours only
+    // if we create it.
+    if std::fs::symlink_metadata(dir).is_ok() {
         return Err(Error::config(format!(
-            "verify_deep's scratch directory already exists path=`{}`; give a path that does \
-             not exist (it is created and removed)",
-            scratch.display()
+            "the directory to open a snapshot in already exists path=`{}`; give a path that \
+             does not exist (it is created)",
+            dir.display()
         )));
     }
     let result = async {
         let (store, stats) = format
-            .restore(
-                manifest,
-                RestoreContext {
-                    repo,
-                    target: scratch,
-                },
-            )
+            .restore(manifest, RestoreContext { repo, target: dir })
             .await?;
         let applied = store.applied_offset()?;
         if applied != Some(manifest.changelog.offset) {
@@ -205,25 +244,48 @@ pub async fn verify_deep<F: StoreFormat>(
                 manifest.snapshot_id, manifest.changelog.offset
             )));
         }
-        Ok(DeepVerifyReport {
-            snapshot: manifest.snapshot_id,
-            expected: manifest.logical_digest,
-            actual: store.logical_digest()?,
-            bytes_downloaded: stats.bytes_downloaded,
-        })
+        Ok((store, stats))
     }
     .await;
-    if std::fs::symlink_metadata(scratch).is_ok() {
-        std::fs::remove_dir_all(scratch).map_err(|e| {
+    if result.is_err() {
+        remove_scratch(dir)?;
+    }
+    result
+}
+
+fn remove_scratch(dir: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(dir).is_ok() {
+        std::fs::remove_dir_all(dir).map_err(|e| {
             Error::io(
-                format!(
-                    "cannot remove scratch directory path=`{}`",
-                    scratch.display()
-                ),
+                format!("cannot remove scratch directory path=`{}`", dir.display()),
                 e,
             )
         })?;
     }
+    Ok(())
+}
+
+/// Restores snapshot `manifest` into the scratch directory `scratch` (which
+/// must not exist: it is created and removed afterwards) with
+/// [`open_snapshot`], computes the store's logical digest and compares it
+/// with the manifest's. A failed restore is returned as its error
+/// (`corrupt` for a bad blob); a digest mismatch is in the report
+/// ([`DeepVerifyReport::is_ok`]).
+pub async fn verify_deep<F: StoreFormat>(
+    format: &F,
+    repo: &Repository,
+    manifest: &Manifest,
+    scratch: &Path,
+) -> Result<DeepVerifyReport> {
+    let (store, stats) = open_snapshot(format, repo, manifest, scratch).await?;
+    let result = store.logical_digest().map(|actual| DeepVerifyReport {
+        snapshot: manifest.snapshot_id,
+        expected: manifest.logical_digest,
+        actual,
+        bytes_downloaded: stats.bytes_downloaded,
+    });
+    drop(store);
+    remove_scratch(scratch)?;
     result
 }
 

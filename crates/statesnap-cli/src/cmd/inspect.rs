@@ -1,0 +1,278 @@
+//! `init`, `stores`, `list`, `show`: what a repository holds.
+
+use std::process::ExitCode;
+
+use serde_json::json;
+use statesnap::restore::{PlanOptions, Source, plan_restore};
+use statesnap::{Repository, Result};
+
+use super::{FormatKind, changelog, open_repo, repo_options, snapshot, store_key, with_format};
+use crate::args::{ListArgs, RepoArgs, ShowArgs};
+use crate::out::{self, Out};
+
+pub async fn init(a: &RepoArgs, out: Out) -> Result<ExitCode> {
+    let repo = Repository::init(&a.repo, repo_options(a)).await?;
+    let marker = repo.read_marker().await?;
+    if out.json {
+        out.json(&json!({
+            "repository": repo.url(),
+            "repository_id": marker.repository_id,
+            "format_version": marker.format_version,
+        }));
+    } else {
+        println!(
+            "initialized repository {} (id {}, format version {})",
+            repo.url(),
+            marker.repository_id,
+            marker.format_version
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn stores(a: &RepoArgs, out: Out) -> Result<ExitCode> {
+    let repo = open_repo(a).await?;
+    let all = repo.store_summaries().await?;
+    let now = repo.clock().now_ms();
+    if out.json {
+        out.json(&json!(
+            all.iter()
+                .map(|s| json!({
+                    "store": s.store_key.to_string(),
+                    "snapshots": s.snapshots,
+                    "unreadable": s.unreadable,
+                    "newest_offset": s.newest_offset,
+                    "newest_created_at_ms": s.newest_created_at,
+                    "total_bytes": s.total_bytes,
+                    "unique_bytes": s.unique_bytes,
+                }))
+                .collect::<Vec<_>>()
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
+    if all.is_empty() {
+        println!("no stores in {}", repo.url());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = out.table(&[
+        "store",
+        "snapshots",
+        "newest offset",
+        "newest age",
+        "total",
+        "unique",
+    ]);
+    for s in &all {
+        let mut snaps = s.snapshots.to_string();
+        if s.unreadable > 0 {
+            snaps.push_str(&format!(" (+{} unreadable)", s.unreadable));
+        }
+        t.add_row(vec![
+            s.store_key.to_string(),
+            snaps,
+            s.newest_offset.map_or("-".into(), |o| o.to_string()),
+            s.newest_created_at.map_or("-".into(), |c| out::age(c, now)),
+            out::bytes(s.total_bytes),
+            out::bytes(s.unique_bytes),
+        ]);
+    }
+    println!("{t}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
+    let repo = open_repo(&a.repo).await?;
+    let sk = store_key(&a.store.store)?;
+    let listing = repo.list_snapshots(&sk).await?;
+    // With the changelog, the restore plan says which snapshots a restore
+    // could use, and why not the others.
+    let verdicts = match &a.changelog {
+        Some(url) => {
+            let log = changelog(url, &sk)?;
+            let kind = FormatKind::of_store(&repo, &sk).await?;
+            let (_guard, nowhere) = super::scratch()?;
+            let plan = with_format!(kind, f => plan_restore(&f, &repo, &sk, &*log, &nowhere, &PlanOptions::default()).await?);
+            let mut v = std::collections::BTreeMap::new();
+            for s in &plan.steps {
+                if let Source::Snapshot { id, .. } = s.source {
+                    v.insert(id, Ok(()));
+                }
+            }
+            for r in &plan.rejected {
+                if let Source::Snapshot { id, .. } = r.source {
+                    v.insert(id, Err(format!("{}: {}", r.kind, r.reason)));
+                }
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let now = repo.clock().now_ms();
+    if out.json {
+        let rows: Vec<_> = listing
+            .snapshots
+            .iter()
+            .map(|s| {
+                let m = &s.manifest;
+                let usable = verdicts.as_ref().map(|v| match v.get(&m.snapshot_id) {
+                    Some(Ok(())) => json!(true),
+                    Some(Err(why)) => json!({ "usable": false, "reason": why }),
+                    None => json!(null),
+                });
+                json!({
+                    "id": m.snapshot_id.to_string(),
+                    "offset": m.changelog.offset,
+                    "created_at_ms": m.created_at,
+                    "format": format!("{}/{}", m.store_format.name, m.store_format.version),
+                    "files": m.files.len(),
+                    "bytes": m.files.iter().map(|f| f.size).sum::<u64>(),
+                    "new_bytes": m.stats.bytes_uploaded,
+                    "keys": m.stats.keys,
+                    "parent": m.parent.map(|p| p.to_string()),
+                    "usable": usable,
+                })
+            })
+            .collect();
+        out.json(&json!({
+            "store": sk.to_string(),
+            "snapshots": rows,
+            "unreadable": listing.unreadable.iter().map(|u| json!({
+                "key": u.key, "kind": u.kind.as_str(), "reason": u.reason,
+            })).collect::<Vec<_>>(),
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    if listing.snapshots.is_empty() && listing.unreadable.is_empty() {
+        println!("store {sk} has no snapshots");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = out.table(&[
+        "id", "offset", "age", "format", "files", "size", "new", "parent", "usable",
+    ]);
+    for s in &listing.snapshots {
+        let m = &s.manifest;
+        let usable = match verdicts.as_ref().map(|v| v.get(&m.snapshot_id)) {
+            None => "?".to_owned(),
+            Some(Some(Ok(()))) => "yes".to_owned(),
+            Some(Some(Err(why))) => format!("no: {why}"),
+            Some(None) => "-".to_owned(),
+        };
+        t.add_row(vec![
+            m.snapshot_id.to_string(),
+            m.changelog.offset.to_string(),
+            out::age(m.created_at, now),
+            format!("{}/{}", m.store_format.name, m.store_format.version),
+            m.files.len().to_string(),
+            out::bytes(m.files.iter().map(|f| f.size).sum()),
+            out::bytes(m.stats.bytes_uploaded),
+            m.parent.map_or("-".into(), |p| p.to_string()),
+            usable,
+        ]);
+    }
+    println!("{t}");
+    for u in &listing.unreadable {
+        println!("unreadable manifest {} ({}): {}", u.key, u.kind, u.reason);
+    }
+    if verdicts.is_none() {
+        println!("(usable? needs the changelog: add --changelog URL)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {
+    let repo = open_repo(&a.repo).await?;
+    let sk = store_key(&a.store.store)?;
+    let s = snapshot(&repo, &sk, &a.id).await?;
+    let m = &s.manifest;
+    if out.json {
+        out.json(&serde_json::to_value(m).map_err(|e| {
+            statesnap::Error::new(statesnap::ErrorKind::Internal, "cannot print the manifest")
+                .with_source(e)
+        })?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = repo.clock().now_ms();
+    println!("snapshot   {}", m.snapshot_id);
+    println!("store      {}", m.store_key);
+    println!(
+        "changelog  {} partition {} offset {} (lineage {}{})",
+        m.changelog.topic,
+        m.changelog.partition,
+        m.changelog.offset,
+        m.changelog.lineage,
+        m.changelog
+            .epoch
+            .map_or(String::new(), |e| format!(", epoch {e}"))
+    );
+    println!(
+        "format     {} version {}",
+        m.store_format.name, m.store_format.version
+    );
+    println!("created    {} ago", out::age(m.created_at, now));
+    println!(
+        "parent     {}",
+        m.parent.map_or("-".into(), |p| p.to_string())
+    );
+    if !m.depends_on.is_empty() {
+        let deps: Vec<String> = m.depends_on.iter().map(ToString::to_string).collect();
+        println!("depends on {}", deps.join(", "));
+    }
+    println!(
+        "contents   {} keys, {} logical",
+        m.stats.keys,
+        out::bytes(m.stats.logical_bytes)
+    );
+    println!(
+        "transfer   {} uploaded, {} reused",
+        out::bytes(m.stats.bytes_uploaded),
+        out::bytes(m.stats.bytes_reused)
+    );
+    if let Some(d) = &m.logical_digest {
+        println!("digest     {d}");
+    }
+    let mut t = out.table(&["file", "size", "blake3"]);
+    for f in &m.files {
+        t.add_row(vec![f.path.clone(), out::bytes(f.size), f.blake3.to_hex()]);
+    }
+    println!("{t}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn clone(a: &crate::args::CloneArgs, out: Out) -> Result<ExitCode> {
+    let repo = open_repo(&a.repo).await?;
+    let from = store_key(&a.from)?;
+    let to = store_key(&a.to)?;
+    let id = match a.snapshot.as_str() {
+        "latest" => None,
+        id => Some(id.parse()?),
+    };
+    let spinner = out.spinner(&format!("copying {from} to {to}"));
+    let r = repo.clone_snapshot(&from, id, &to).await?;
+    spinner.finish_and_clear();
+    let m = &r.manifest;
+    if out.json {
+        out.json(&json!({
+            "from": from.to_string(),
+            "to": to.to_string(),
+            "snapshot": m.snapshot_id.to_string(),
+            "offset": m.changelog.offset,
+            "blobs_copied": r.blobs_copied,
+            "bytes_copied": r.bytes_copied,
+            "blobs_shared": r.blobs_shared,
+        }));
+    } else {
+        println!(
+            "cloned {from} to {to} as snapshot {} at offset {} ({} blobs copied, {}; {} already there)",
+            m.snapshot_id,
+            m.changelog.offset,
+            r.blobs_copied,
+            out::bytes(r.bytes_copied),
+            r.blobs_shared
+        );
+        println!(
+            "the copy names the source's changelog ({} partition {}): restore it with that changelog",
+            m.changelog.topic, m.changelog.partition
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,187 @@
+//! The commands over a repository. Each is one call into the library plus
+//! printing; what they share — opening the repository, parsing a store key
+//! or a snapshot id, picking the format a manifest names — lives here.
+
+pub mod clean;
+pub mod inspect;
+pub mod read;
+pub mod restore;
+pub mod verify;
+
+use std::path::Path;
+
+use statesnap::changelog::{Changelog, ChangelogId, ChangelogUrl};
+use statesnap::repo::{RepositoryOptions, SnapshotId, SnapshotInfo, StoreKey};
+use statesnap::{Error, ErrorKind, Repository, Result};
+
+use crate::args::RepoArgs;
+
+/// Opens the repository the arguments name (its marker must exist).
+pub async fn open_repo(a: &RepoArgs) -> Result<Repository> {
+    Repository::open(&a.repo, repo_options(a)).await
+}
+
+/// The repository options from `-o KEY=VALUE`.
+pub fn repo_options(a: &RepoArgs) -> RepositoryOptions {
+    RepositoryOptions {
+        store_options: a.options.iter().cloned().collect(),
+        max_commit_duration: a.max_commit,
+        ..RepositoryOptions::default()
+    }
+}
+
+/// `APPLICATION/STORE/PARTITION` (or the dotted form the repository uses).
+pub fn store_key(s: &str) -> Result<StoreKey> {
+    let parts: Vec<&str> = if s.contains('/') {
+        s.split('/').collect()
+    } else {
+        s.split('.').collect()
+    };
+    let bad = || {
+        Error::new(
+            ErrorKind::Config,
+            format!(
+                "bad store partition store=`{}`; write APPLICATION/STORE/PARTITION, e.g. \
+                 shop/carts/0 (`statesnap stores` lists them)",
+                s.escape_debug()
+            ),
+        )
+    };
+    let [app, store, partition] = parts[..] else {
+        return Err(bad());
+    };
+    let partition = partition.parse().map_err(|_| bad())?;
+    StoreKey::new(app, store, partition)
+}
+
+/// Snapshot `id` of `sk` (`latest`: the newest valid one).
+pub async fn snapshot(repo: &Repository, sk: &StoreKey, id: &str) -> Result<SnapshotInfo> {
+    if id == "latest" {
+        return repo.latest(sk).await?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "store has no valid snapshot store_key=`{sk}`; `statesnap stores` lists the \
+                     stores that have some"
+                ),
+            )
+        });
+    }
+    let id: SnapshotId = id.parse()?;
+    repo.get_snapshot(sk, id).await
+}
+
+/// Opens the changelog `url` for reading, expecting the one a store `sk`
+/// follows by convention (a Kafka URL names its own topic).
+pub fn changelog(url: &str, sk: &StoreKey) -> Result<Box<dyn Changelog>> {
+    let url: ChangelogUrl = url.parse()?;
+    let id = ChangelogId::for_store(sk.application(), sk.store(), sk.partition())?;
+    url.open_for_reading(id)
+}
+
+/// The snapshot formats this build reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatKind {
+    /// `portable`: restored into RocksDB (or memory without it).
+    Portable,
+    /// `rocksdb`.
+    #[cfg(feature = "rocksdb")]
+    Rocksdb,
+}
+
+impl FormatKind {
+    /// The format named `name` (as manifests record it).
+    pub fn named(name: &str) -> Result<Self> {
+        match name {
+            "portable" => Ok(FormatKind::Portable),
+            #[cfg(feature = "rocksdb")]
+            "rocksdb" => Ok(FormatKind::Rocksdb),
+            other => Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "this build cannot read store format format=`{}`; it reads portable{}",
+                    other.escape_debug(),
+                    if cfg!(feature = "rocksdb") {
+                        " and rocksdb"
+                    } else {
+                        " (rebuild with the rocksdb feature for rocksdb)"
+                    }
+                ),
+            )),
+        }
+    }
+
+    /// The format of store `sk`'s newest snapshot (portable when it has
+    /// none: any store can be rebuilt by replay into it).
+    pub async fn of_store(repo: &Repository, sk: &StoreKey) -> Result<Self> {
+        match repo.latest(sk).await? {
+            Some(s) => FormatKind::named(&s.manifest.store_format.name),
+            None => Ok(FormatKind::default_for_replay()),
+        }
+    }
+
+    fn default_for_replay() -> Self {
+        #[cfg(feature = "rocksdb")]
+        {
+            FormatKind::Rocksdb
+        }
+        #[cfg(not(feature = "rocksdb"))]
+        {
+            FormatKind::Portable
+        }
+    }
+}
+
+/// Runs `$body` with `$f` bound to a format value of kind `$kind`: the
+/// library's operations are generic over the format type.
+macro_rules! with_format {
+    ($kind:expr, $f:ident => $body:expr) => {
+        match $kind {
+            $crate::cmd::FormatKind::Portable => {
+                let $f = $crate::cmd::portable();
+                $body
+            }
+            #[cfg(feature = "rocksdb")]
+            $crate::cmd::FormatKind::Rocksdb => {
+                let $f = statesnap::RocksFormat::new(Default::default());
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_format;
+
+/// The portable format, restoring into a RocksDB store at the target path
+/// (a directory a user can open) — or into memory in a build without
+/// RocksDB.
+#[cfg(feature = "rocksdb")]
+pub fn portable() -> statesnap::PortableFormat<statesnap::RocksStore> {
+    statesnap::PortableFormat::new(|p: &Path| {
+        statesnap::RocksStore::open(p, &statesnap::RocksOptions::default())
+    })
+}
+
+/// The portable format, restoring into memory.
+#[cfg(not(feature = "rocksdb"))]
+pub fn portable() -> statesnap::PortableFormat<statesnap::MemoryStore> {
+    let _ = |_: &Path| ();
+    statesnap::PortableFormat::memory()
+}
+
+/// A scratch directory path under the system's temporary directory that
+/// does not exist yet (the library creates it), removed with the guard.
+pub fn scratch() -> Result<(tempfile::TempDir, std::path::PathBuf)> {
+    let dir = tempfile::Builder::new()
+        .prefix("statesnap-")
+        .tempdir()
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                "cannot create a scratch directory in the system's temporary directory; set \
+                 TMPDIR to a writable one",
+            )
+            .with_source(e)
+        })?;
+    let path = dir.path().join("store");
+    Ok((dir, path))
+}

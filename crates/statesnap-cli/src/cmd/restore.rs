@@ -1,0 +1,197 @@
+//! `plan` (the runtime's dry run) and `restore --to DIR`.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde_json::{Value, json};
+use statesnap::restore::{PlanStep, RestorePlan, Source, restore_into};
+use statesnap::runtime::BackgroundOptions;
+use statesnap::{Error, ErrorKind, RestoreOptions, Result, StateManager, StoreSpec};
+
+use super::{FormatKind, changelog, open_repo, store_key, with_format};
+use crate::args::{PlanArgs, RestoreArgs};
+use crate::out::{self, Out};
+
+fn source_json(s: &Source) -> Value {
+    match s {
+        Source::Local { applied_offset } => json!({"kind": "local", "offset": applied_offset}),
+        Source::Snapshot { id, offset } => {
+            json!({"kind": "snapshot", "id": id.to_string(), "offset": offset})
+        }
+        Source::FullReplay => json!({"kind": "full_replay"}),
+    }
+}
+
+fn step_json(s: &PlanStep) -> Value {
+    json!({
+        "source": source_json(&s.source),
+        "bytes_to_download": s.bytes_to_download,
+        "bytes_local": s.bytes_local,
+        "records_to_replay": s.records_to_replay,
+    })
+}
+
+fn plan_json(p: &RestorePlan, estimate: std::time::Duration) -> Value {
+    json!({
+        "store": p.store_key.to_string(),
+        "changelog": p.changelog.to_string(),
+        "end_offset": p.end_offset,
+        "until": p.until,
+        "chosen": p.chosen().map(step_json),
+        "estimated_seconds": estimate.as_secs_f64(),
+        "steps": p.steps.iter().map(step_json).collect::<Vec<_>>(),
+        "rejected": p.rejected.iter().map(|r| json!({
+            "source": source_json(&r.source), "kind": r.kind.as_str(), "reason": r.reason,
+        })).collect::<Vec<_>>(),
+        "unreadable": p.unreadable.iter().map(|u| json!({
+            "key": u.key, "kind": u.kind.as_str(), "reason": u.reason,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub async fn plan(a: &PlanArgs, out: Out) -> Result<ExitCode> {
+    let repo = open_repo(&a.repo).await?;
+    let sk = store_key(&a.store.store)?;
+    let log = changelog(&a.changelog, &sk)?;
+    let kind = FormatKind::of_store(&repo, &sk).await?;
+    // Without --dir there is no local store to consider: a path that does
+    // not exist.
+    let (_guard, nowhere) = super::scratch()?;
+    let dir = a.dir.clone().unwrap_or(nowhere);
+    let manager = StateManager::builder(repo)
+        .background(BackgroundOptions {
+            threads: 0,
+            ..BackgroundOptions::default()
+        })
+        .build()?;
+    let (plan, estimate) = with_format!(kind, f => {
+        let mut spec = StoreSpec::new(sk.clone(), log, f, dir);
+        if let Some(o) = a.at_offset {
+            spec = spec.at_offset(o);
+        }
+        let plan = manager.plan(&spec).await?;
+        let estimate = manager.estimate(&plan);
+        (plan, estimate)
+    });
+    if out.json {
+        out.json(&plan_json(&plan, estimate));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "store {} on changelog {} (end offset {}{})",
+        plan.store_key,
+        plan.changelog,
+        plan.end_offset,
+        plan.until
+            .map_or(String::new(), |u| format!(", point in time {u}"))
+    );
+    if let Some(c) = plan.chosen() {
+        println!(
+            "would restore from {}: download {}, reuse {} locally, replay up to {} records; \
+             estimated {}",
+            c.source,
+            out::bytes(c.bytes_to_download),
+            out::bytes(c.bytes_local),
+            c.records_to_replay,
+            out::secs(estimate)
+        );
+    }
+    let mut t = out.table(&["order", "source", "download", "local", "replay records"]);
+    for (i, s) in plan.steps.iter().enumerate() {
+        t.add_row(vec![
+            (i + 1).to_string(),
+            s.source.to_string(),
+            out::bytes(s.bytes_to_download),
+            out::bytes(s.bytes_local),
+            s.records_to_replay.to_string(),
+        ]);
+    }
+    println!("fallback order:\n{t}");
+    for r in &plan.rejected {
+        println!("not usable: {} ({}): {}", r.source, r.kind, r.reason);
+    }
+    for u in &plan.unreadable {
+        println!("unreadable manifest {} ({}): {}", u.key, u.kind, u.reason);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `dir` exists and holds anything.
+fn non_empty(dir: &Path) -> Result<bool> {
+    match std::fs::read_dir(dir) {
+        Ok(mut rd) => Ok(rd.next().is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::new(
+            ErrorKind::Io,
+            format!("cannot read the restore target path=`{}`", dir.display()),
+        )
+        .with_source(e)),
+    }
+}
+
+pub async fn restore(a: &RestoreArgs, out: Out) -> Result<ExitCode> {
+    if non_empty(&a.to)? && !a.force {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "the restore target is not empty path=`{}`; give an empty or new directory, or \
+                 --force to replace what is there",
+                a.to.display()
+            ),
+        ));
+    }
+    let repo = open_repo(&a.repo).await?;
+    let sk = store_key(&a.store.store)?;
+    let log = changelog(&a.changelog, &sk)?;
+    let kind = FormatKind::of_store(&repo, &sk).await?;
+    let options = RestoreOptions {
+        full_replay: a.full_replay,
+        replace_unmarked: a.force,
+        until: a.at_offset,
+        ..RestoreOptions::default()
+    };
+    let spinner = out.spinner(&format!("restoring {sk} into {}", a.to.display()));
+    let started = std::time::Instant::now();
+    let report =
+        with_format!(kind, f => restore_into(&f, &repo, &sk, &*log, &a.to, &options).await?);
+    let took = started.elapsed();
+    spinner.finish_and_clear();
+    if out.json {
+        out.json(&json!({
+            "store": sk.to_string(),
+            "target": a.to.display().to_string(),
+            "source": source_json(&report.source),
+            "seconds": took.as_secs_f64(),
+            "snapshot_seconds": report.snapshot_duration.as_secs_f64(),
+            "bytes_downloaded": report.transfer.bytes_downloaded,
+            "bytes_reused_locally": report.transfer.bytes_reused_locally,
+            "records_replayed": report.replay.records,
+            "applied_offset": report.replay.applied_offset,
+            "skipped": report.skipped.iter().map(|s| json!({
+                "id": s.id.to_string(), "offset": s.offset,
+                "kind": s.kind.as_str(), "reason": s.reason,
+            })).collect::<Vec<_>>(),
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for s in &report.skipped {
+        println!(
+            "skipped snapshot {} at offset {} ({}): {}",
+            s.id, s.offset, s.kind, s.reason
+        );
+    }
+    println!(
+        "restored {} into {} from {} in {}: downloaded {}, replayed {} records; now at offset {}",
+        sk,
+        a.to.display(),
+        report.source,
+        out::secs(took),
+        out::bytes(report.transfer.bytes_downloaded),
+        report.replay.records,
+        report
+            .replay
+            .applied_offset
+            .map_or("-".into(), |o| o.to_string())
+    );
+    Ok(ExitCode::SUCCESS)
+}

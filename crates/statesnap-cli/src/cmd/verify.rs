@@ -1,0 +1,165 @@
+//! `verify [--deep]`: every blob's size and hash; with `--deep`, restores
+//! and logical digests. The exit code says whether all is well.
+
+use std::process::ExitCode;
+
+use serde_json::json;
+use statesnap::repo::{VerifyOptions, VerifyProgress, VerifyReport};
+use statesnap::restore::{DeepVerifyReport, verify_deep};
+use statesnap::{ErrorKind, Result};
+
+use super::{FormatKind, open_repo, snapshot, store_key, with_format};
+use crate::args::VerifyArgs;
+use crate::out::{self, Out};
+
+/// One `--deep` check: the report, or the error the restore failed with.
+struct Deep {
+    store: String,
+    snapshot: String,
+    result: std::result::Result<DeepVerifyReport, statesnap::Error>,
+}
+
+pub async fn run(a: &VerifyArgs, out: Out) -> Result<ExitCode> {
+    let repo = open_repo(&a.repo).await?;
+    let opts = VerifyOptions {
+        quarantine: a.quarantine,
+    };
+    let pb = out.progress(0, "verifying blobs", true);
+    let progress = |p: &VerifyProgress| {
+        pb.set_length(p.bytes_total);
+        pb.set_position(p.bytes_checked);
+    };
+    let report: VerifyReport = match &a.store {
+        Some(s) => repo.verify_store(&store_key(s)?, &opts, &progress).await?,
+        None => repo.verify(&opts, &progress).await?,
+    };
+    pb.finish_and_clear();
+    let mut deep = Vec::new();
+    if a.deep {
+        let stores = match &a.store {
+            Some(s) => vec![store_key(s)?],
+            None => repo.list_stores().await?,
+        };
+        for sk in stores {
+            let id = a.snapshot.as_deref().unwrap_or("latest");
+            let s = match snapshot(&repo, &sk, id).await {
+                Ok(s) => s,
+                // A store without a valid snapshot has nothing to restore.
+                Err(e) if e.kind() == ErrorKind::NotFound && a.snapshot.is_none() => continue,
+                Err(e) => return Err(e),
+            };
+            let spinner = out.spinner(&format!("restoring {sk} snapshot {}", s.id()));
+            let (_guard, scratch) = super::scratch()?;
+            let result = match FormatKind::named(&s.manifest.store_format.name) {
+                Ok(kind) => {
+                    with_format!(kind, f => verify_deep(&f, &repo, &s.manifest, &scratch).await)
+                }
+                Err(e) => Err(e),
+            };
+            spinner.finish_and_clear();
+            deep.push(Deep {
+                store: sk.to_string(),
+                snapshot: s.id().to_string(),
+                result,
+            });
+        }
+    }
+    let deep_ok = deep
+        .iter()
+        .all(|d| d.result.as_ref().is_ok_and(DeepVerifyReport::is_ok));
+    let ok = report.is_ok() && deep_ok;
+    if out.json {
+        out.json(&json!({
+            "ok": ok,
+            "stores": report.stores,
+            "snapshots": report.snapshots,
+            "blobs_checked": report.blobs_checked,
+            "bytes_checked": report.bytes_checked,
+            "bad_blobs": report.bad.iter().map(|b| json!({
+                "store": b.store_key.to_string(),
+                "blob": b.hash.to_hex(),
+                "kind": b.kind.as_str(),
+                "reason": b.reason,
+                "snapshots": b.referenced_by.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "quarantined_to": b.quarantined_to,
+            })).collect::<Vec<_>>(),
+            "unreadable_manifests": report.unreadable.iter().map(|u| json!({
+                "key": u.key, "kind": u.kind.as_str(), "reason": u.reason,
+            })).collect::<Vec<_>>(),
+            "deep": deep.iter().map(|d| match &d.result {
+                Ok(r) => json!({
+                    "store": d.store, "snapshot": d.snapshot, "ok": r.is_ok(),
+                    "expected_digest": r.expected.map(|e| e.to_string()),
+                    "actual_digest": r.actual.to_string(),
+                    "bytes_downloaded": r.bytes_downloaded,
+                }),
+                Err(e) => json!({
+                    "store": d.store, "snapshot": d.snapshot, "ok": false,
+                    "kind": e.kind().as_str(), "error": e.to_string(),
+                }),
+            }).collect::<Vec<_>>(),
+        }));
+    } else {
+        println!(
+            "checked {} blobs ({}) of {} snapshots in {} stores",
+            report.blobs_checked,
+            out::bytes(report.bytes_checked),
+            report.snapshots,
+            report.stores
+        );
+        for b in &report.bad {
+            let snaps: Vec<String> = b.referenced_by.iter().map(ToString::to_string).collect();
+            println!(
+                "BAD blob {} of store {} ({}): {}; named by snapshots {}{}",
+                b.hash.to_hex(),
+                b.store_key,
+                b.kind,
+                b.reason,
+                snaps.join(", "),
+                b.quarantined_to
+                    .as_ref()
+                    .map_or(String::new(), |q| format!(" (quarantined to {q})"))
+            );
+        }
+        for u in &report.unreadable {
+            println!("UNREADABLE manifest {} ({}): {}", u.key, u.kind, u.reason);
+        }
+        for d in &deep {
+            match &d.result {
+                Ok(r) if r.is_ok() => println!(
+                    "deep: {} snapshot {} restored and matches its digest ({})",
+                    d.store,
+                    d.snapshot,
+                    r.expected.map_or(
+                        "no digest recorded; the restore itself was checked".into(),
+                        |e| e.to_string()
+                    )
+                ),
+                Ok(r) => println!(
+                    "DEEP MISMATCH: {} snapshot {} restored to digest {} but its manifest records {}",
+                    d.store,
+                    d.snapshot,
+                    r.actual,
+                    r.expected.map_or("-".into(), |e| e.to_string())
+                ),
+                Err(e) => println!(
+                    "DEEP FAILED: {} snapshot {} could not be restored: {e}",
+                    d.store, d.snapshot
+                ),
+            }
+        }
+        if ok {
+            println!("all well");
+        } else {
+            println!(
+                "problems found: restores fall back past bad snapshots; run with --quarantine \
+                 so the next snapshot uploads bad blobs again"
+            );
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        out::problems_found()
+    })
+}

@@ -1,0 +1,175 @@
+//! Output shared by every command: JSON or text, tables that fit the
+//! terminal, progress bars that appear only on a terminal, and the exit
+//! code of each error kind.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use comfy_table::presets::UTF8_BORDERS_ONLY;
+use comfy_table::{ContentArrangement, Table};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use statesnap::ErrorKind;
+
+/// How a command prints.
+#[derive(Debug, Clone, Copy)]
+pub struct Out {
+    /// JSON on stdout instead of text.
+    pub json: bool,
+}
+
+impl Out {
+    /// A table with `header`, wrapped to the terminal's width.
+    pub fn table(&self, header: &[&str]) -> Table {
+        let mut t = Table::new();
+        t.load_preset(UTF8_BORDERS_ONLY)
+            .set_content_arrangement(ContentArrangement::Dynamic)
+            .set_header(header.iter().copied());
+        t
+    }
+
+    /// Prints `value` as pretty JSON.
+    pub fn json(&self, value: &serde_json::Value) {
+        // serde_json cannot fail to print a Value.
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+        );
+    }
+
+    /// A progress bar of `len` steps with message `what`, drawn on stderr
+    /// only when it is a terminal and the output is not JSON.
+    pub fn progress(&self, len: u64, what: &str, bytes: bool) -> ProgressBar {
+        let pb = ProgressBar::with_draw_target(Some(len), self.draw_target());
+        let template = if bytes {
+            "{msg} {bar:30} {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})"
+        } else {
+            "{msg} {bar:30} {pos}/{len} (eta {eta})"
+        };
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            pb.set_style(style);
+        }
+        pb.set_message(what.to_owned());
+        pb
+    }
+
+    /// A spinner with message `what` (same visibility as [`Out::progress`]).
+    pub fn spinner(&self, what: &str) -> ProgressBar {
+        let pb = ProgressBar::with_draw_target(None, self.draw_target());
+        pb.set_message(what.to_owned());
+        pb.enable_steady_tick(Duration::from_millis(120));
+        pb
+    }
+
+    fn draw_target(&self) -> ProgressDrawTarget {
+        if self.json || !std::io::stderr().is_terminal() {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        }
+    }
+}
+
+/// The exit code of an error kind (documented in `statesnap --help` and the
+/// README).
+pub fn exit_code(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::Internal => 1,
+        ErrorKind::Config => 3,
+        ErrorKind::NotFound => 4,
+        ErrorKind::Corrupt => 5,
+        ErrorKind::Stale => 6,
+        ErrorKind::Transient => 7,
+        ErrorKind::Io => 8,
+        ErrorKind::AlreadyExists => 9,
+        ErrorKind::Cancelled => 130,
+        // A kind added later: a generic failure until it gets its own code.
+        _ => 1,
+    }
+}
+
+/// Exit code 5: a command ran and found something wrong (e.g. `verify`).
+pub fn problems_found() -> ExitCode {
+    ExitCode::from(exit_code(ErrorKind::Corrupt))
+}
+
+/// `1.2 GiB`-style sizes.
+pub fn bytes(n: u64) -> String {
+    indicatif::BinaryBytes(n).to_string()
+}
+
+/// `3h 4m`-style ages of a millisecond timestamp, relative to `now_ms`.
+pub fn age(created_ms: i64, now_ms: i64) -> String {
+    let secs = ((now_ms - created_ms).max(0) / 1000) as u64;
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+/// Seconds with millisecond precision.
+pub fn secs(d: Duration) -> String {
+    format!("{:.3} s", d.as_secs_f64())
+}
+
+/// Bytes as text: UTF-8 without control characters as is, anything else
+/// (or with `hex`) as `0x…`.
+pub fn show_bytes(b: &[u8], hex: bool) -> String {
+    match std::str::from_utf8(b) {
+        Ok(s) if !hex && !s.chars().any(char::is_control) => s.to_owned(),
+        _ => format!("0x{}", to_hex(b)),
+    }
+}
+
+/// Lowercase hex.
+pub fn to_hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Bytes for JSON: `{"utf8": ...}` when they are UTF-8, `{"hex": ...}`
+/// otherwise, so no byte is lost.
+pub fn json_bytes(b: &[u8]) -> serde_json::Value {
+    match std::str::from_utf8(b) {
+        Ok(s) => serde_json::json!({ "utf8": s }),
+        Err(_) => serde_json::json!({ "hex": to_hex(b) }),
+    }
+}
+
+/// Parses hex digits (an optional `0x` prefix allowed).
+pub fn from_hex(s: &str) -> Result<Vec<u8>, statesnap::Error> {
+    let s = s.strip_prefix("0x").unwrap_or(s);
+    let bad = || {
+        statesnap::Error::new(
+            ErrorKind::Config,
+            format!("not hex digits value=`{}`", s.escape_debug()),
+        )
+    };
+    if !s.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2).ok_or_else(bad)?, 16).map_err(|_| bad()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_through_hex_and_show_safely() {
+        assert_eq!(from_hex("0x00ff10").unwrap(), vec![0, 255, 16]);
+        assert!(from_hex("abc").is_err());
+        assert!(from_hex("zz").is_err());
+        assert_eq!(show_bytes(b"user-1", false), "user-1");
+        assert_eq!(show_bytes(b"a\nb", false), "0x610a62");
+        assert_eq!(show_bytes(&[0xff], false), "0xff");
+        assert_eq!(json_bytes(&[0xff]), serde_json::json!({"hex": "ff"}));
+        assert_eq!(age(0, 90_000), "1m 30s");
+        assert_eq!(age(0, 2 * 86_400_000 + 3_600_000), "2d 1h");
+    }
+}

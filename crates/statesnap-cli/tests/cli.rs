@@ -1,0 +1,703 @@
+//! The `statesnap` command against a local repository (and, when the test
+//! script started one, the S3 server): every command's happy path and
+//! `--json` shape, and the bad input an operator meets.
+//!
+//! The fixture is built with the library, as an application would: a
+//! RocksDB store on a file changelog, written through the runtime, with
+//! three snapshots.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use statesnap::changelog::ChangelogId;
+use statesnap::{FileChangelog, Repository, SnapshotPolicy, StateManager, StateStore, StoreSpec};
+
+const STORE: &str = "shop/carts/0";
+
+/// A repository with store `shop.carts.0`: 3 snapshots at growing offsets
+/// over 300 keys; the newest deletes `cart-0000` and changes `cart-0001`.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    repo_url: String,
+    log_url: String,
+}
+
+impl Fixture {
+    fn path(&self, p: &str) -> PathBuf {
+        self.root.join(p)
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn log(root: &Path) -> FileChangelog {
+    let id = ChangelogId::for_store("shop", "carts", 0).expect("id");
+    FileChangelog::open(root.join("log"), id, Default::default()).expect("log")
+}
+
+async fn write_fixture(repo_url: &str, root: &Path) {
+    let repo = Repository::init(repo_url, Default::default())
+        .await
+        .expect("init");
+    let m = StateManager::builder(repo)
+        .policy(SnapshotPolicy::manual())
+        .build()
+        .expect("manager");
+    let spec =
+        StoreSpec::rocksdb("shop", "carts", 0, log(root), root.join("app-store")).expect("spec");
+    let mut h = m.open(spec).await.expect("open");
+    for round in 0..3u32 {
+        for k in 0..300u32 {
+            if round == 2 && k == 0 {
+                h.delete(format!("cart-{k:04}"));
+                continue;
+            }
+            if round < 2 || k == 1 {
+                h.put(format!("cart-{k:04}"), format!("items-{k}-round-{round}"));
+            }
+        }
+        h.commit().expect("commit");
+        assert!(h.snapshot_now().expect("snapshot"));
+        let st = h.wait_for_snapshot().await;
+        assert_eq!(st.snapshots_failed, 0, "{:?}", st.last_error);
+    }
+    h.abandon().await;
+    m.shutdown().await;
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().to_path_buf();
+    let repo_url = format!("file://{}", root.join("repo").display());
+    rt().block_on(write_fixture(&repo_url, &root));
+    Fixture {
+        log_url: format!("file://{}", root.join("log").display()),
+        _dir: dir,
+        root,
+        repo_url,
+    }
+}
+
+fn statesnap() -> Command {
+    let mut c = Command::cargo_bin("statesnap").expect("binary");
+    c.env_remove("STATESNAP_REPO")
+        .timeout(Duration::from_secs(120));
+    c
+}
+
+fn json_of(out: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(out)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
+}
+
+/// Runs `args` with `--json` and returns the parsed stdout, asserting
+/// exit code `code`.
+fn run_json(f: &Fixture, args: &[&str], code: i32) -> serde_json::Value {
+    let out = statesnap()
+        .args(args)
+        .args(["--repo", &f.repo_url, "--json"])
+        .assert()
+        .code(code)
+        .get_output()
+        .stdout
+        .clone();
+    json_of(&out)
+}
+
+fn snapshot_ids(f: &Fixture) -> Vec<String> {
+    let v = run_json(f, &["list", STORE], 0);
+    v["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .map(|s| s["id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
+/// A blob file of the repository (the largest, so it is an SST).
+fn some_blob(f: &Fixture) -> PathBuf {
+    let mut blobs = Vec::new();
+    let mut stack = vec![f.path("repo/stores/shop.carts.0/blobs")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                blobs.push((std::fs::metadata(&p).expect("meta").len(), p));
+            }
+        }
+    }
+    blobs.sort();
+    blobs.pop().expect("a blob").1
+}
+
+#[test]
+fn the_inspection_commands_describe_the_repository() {
+    let f = fixture();
+    let stores = run_json(&f, &["stores"], 0);
+    assert_eq!(stores[0]["store"], "shop.carts.0");
+    assert_eq!(stores[0]["snapshots"], 3);
+    assert!(stores[0]["unique_bytes"].as_u64().unwrap() > 0);
+    assert!(
+        stores[0]["total_bytes"].as_u64().unwrap() >= stores[0]["unique_bytes"].as_u64().unwrap()
+    );
+
+    let list = run_json(&f, &["list", STORE, "--changelog", &f.log_url], 0);
+    let snaps = list["snapshots"].as_array().unwrap();
+    assert_eq!(snaps.len(), 3);
+    let offsets: Vec<u64> = snaps
+        .iter()
+        .map(|s| s["offset"].as_u64().unwrap())
+        .collect();
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]), "{offsets:?}");
+    assert!(snaps.iter().all(|s| s["usable"] == true), "{list}");
+    assert_eq!(snaps[0]["format"], "rocksdb/1");
+    assert_eq!(snaps[1]["parent"], snaps[0]["id"]);
+
+    let id = snaps[2]["id"].as_str().unwrap();
+    let show = run_json(&f, &["show", STORE, id], 0);
+    assert_eq!(show["snapshot_id"], id);
+    assert_eq!(show["changelog"]["offset"], snaps[2]["offset"]);
+    let latest = run_json(&f, &["show", STORE, "latest"], 0);
+    assert_eq!(latest["snapshot_id"], id);
+
+    // Text forms print tables with the same facts.
+    statesnap()
+        .args(["stores", "--repo", &f.repo_url])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("shop.carts.0"));
+    statesnap()
+        .args(["list", STORE, "--repo", &f.repo_url])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(id).and(predicate::str::contains("--changelog")));
+}
+
+#[test]
+fn offline_reads_see_each_snapshot_as_it_was() {
+    let f = fixture();
+    let ids = snapshot_ids(&f);
+    let got = run_json(&f, &["get", STORE, "cart-0001"], 0);
+    assert_eq!(got["value"]["utf8"], "items-1-round-2");
+    let old = run_json(&f, &["get", STORE, "cart-0001", "--snapshot", &ids[0]], 0);
+    assert_eq!(old["value"]["utf8"], "items-1-round-0");
+    // A deleted key: not found (exit 4), value null.
+    let gone = run_json(&f, &["get", STORE, "cart-0000"], 4);
+    assert!(gone["value"].is_null());
+
+    let scan = run_json(
+        &f,
+        &["scan", STORE, "--prefix", "cart-02", "--limit", "5"],
+        0,
+    );
+    let pairs = scan["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 5);
+    assert_eq!(pairs[0]["key"]["utf8"], "cart-0200");
+    assert_eq!(scan["truncated"], true);
+
+    let diff = run_json(&f, &["diff", STORE, &ids[0], &ids[2]], 0);
+    assert_eq!(diff["added"], 0);
+    assert_eq!(diff["removed"], 1);
+    // Round 1 rewrote every key; round 2 deleted cart-0000.
+    assert_eq!(diff["changed"], 299);
+    assert_eq!(diff["sample_removed"][0]["utf8"], "cart-0000");
+    let diff12 = run_json(&f, &["diff", STORE, &ids[1], "latest"], 0);
+    assert_eq!(diff12["changed"], 1);
+    assert_eq!(diff12["removed"], 1);
+    assert_eq!(diff12["unchanged"], 298);
+}
+
+#[test]
+fn plan_and_restore_agree_and_restore_refuses_a_non_empty_target() {
+    let f = fixture();
+    let ids = snapshot_ids(&f);
+    let plan = run_json(&f, &["plan", STORE, "--changelog", &f.log_url], 0);
+    assert_eq!(plan["chosen"]["source"]["kind"], "snapshot");
+    assert_eq!(plan["chosen"]["source"]["id"], ids[2].as_str());
+    assert_eq!(plan["chosen"]["records_to_replay"], 0);
+    assert!(plan["estimated_seconds"].as_f64().unwrap() >= 0.0);
+
+    let target = f.path("restored");
+    let r = run_json(
+        &f,
+        &[
+            "restore",
+            STORE,
+            "--changelog",
+            &f.log_url,
+            "--to",
+            target.to_str().unwrap(),
+        ],
+        0,
+    );
+    assert_eq!(r["source"]["kind"], "snapshot");
+    assert_eq!(r["source"]["id"], ids[2].as_str());
+    assert_eq!(r["records_replayed"], 0);
+    // The restored directory is a RocksDB store with the data.
+    let store = statesnap::RocksStore::open(&target, &Default::default()).expect("open restored");
+    assert_eq!(
+        store.get(b"cart-0001").unwrap().as_deref(),
+        Some(&b"items-1-round-2"[..])
+    );
+    assert!(store.get(b"cart-0000").unwrap().is_none());
+    drop(store);
+
+    // Not empty now: refused without --force, and left as it was.
+    let before = std::fs::read_dir(&target).unwrap().count();
+    statesnap()
+        .args([
+            "restore",
+            STORE,
+            "--repo",
+            &f.repo_url,
+            "--changelog",
+            &f.log_url,
+        ])
+        .args(["--to", target.to_str().unwrap()])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("not empty").and(predicate::str::contains("--force")));
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), before);
+
+    // Point in time: the first snapshot's offset, with --force.
+    let first = run_json(&f, &["show", STORE, &ids[0]], 0);
+    let at = first["changelog"]["offset"].as_u64().unwrap().to_string();
+    let r = run_json(
+        &f,
+        &[
+            "restore",
+            STORE,
+            "--changelog",
+            &f.log_url,
+            "--to",
+            target.to_str().unwrap(),
+            "--at-offset",
+            &at,
+            "--force",
+        ],
+        0,
+    );
+    assert_eq!(r["source"]["id"], ids[0].as_str());
+    let store = statesnap::RocksStore::open(&target, &Default::default()).expect("open restored");
+    assert_eq!(
+        store.get(b"cart-0001").unwrap().as_deref(),
+        Some(&b"items-1-round-0"[..])
+    );
+}
+
+#[test]
+fn verify_finds_a_rotten_blob_and_restore_falls_back_past_it() {
+    let f = fixture();
+    let ok = run_json(&f, &["verify"], 0);
+    assert_eq!(ok["ok"], true);
+    assert!(ok["blobs_checked"].as_u64().unwrap() > 0);
+    let deep = run_json(&f, &["verify", STORE, "--deep"], 0);
+    assert_eq!(deep["deep"][0]["ok"], true, "{deep}");
+
+    // Rot the newest snapshot's largest file (an SST only it names).
+    let ids = snapshot_ids(&f);
+    let newest = run_json(&f, &["show", STORE, &ids[2]], 0);
+    let uploaded_by_newest: Vec<String> = newest["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|file| file["path"].as_str().unwrap().ends_with(".sst"))
+        .map(|file| file["blake3"].as_str().unwrap().to_owned())
+        .collect();
+    let blob = some_blob(&f);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+    let name = blob.file_name().unwrap().to_str().unwrap().to_owned();
+
+    let bad = run_json(&f, &["verify"], 5);
+    assert_eq!(bad["ok"], false);
+    assert_eq!(bad["bad_blobs"][0]["blob"], name.as_str());
+    assert_eq!(bad["bad_blobs"][0]["kind"], "corrupt");
+    statesnap()
+        .args(["verify", "--repo", &f.repo_url])
+        .assert()
+        .code(5)
+        .stdout(predicate::str::contains("BAD blob").and(predicate::str::contains(&name)));
+
+    // The restore skips every snapshot naming the rotten blob, says so,
+    // and still ends exact (older snapshot + replay, or full replay).
+    let target = f.path("restored");
+    let r = run_json(
+        &f,
+        &[
+            "restore",
+            STORE,
+            "--changelog",
+            &f.log_url,
+            "--to",
+            target.to_str().unwrap(),
+        ],
+        0,
+    );
+    let skipped = r["skipped"].as_array().unwrap();
+    assert!(!skipped.is_empty(), "{r}");
+    assert_eq!(skipped[0]["kind"], "corrupt");
+    if uploaded_by_newest.contains(&name) {
+        assert_eq!(skipped[0]["id"], ids[2].as_str());
+    }
+    let store = statesnap::RocksStore::open(&target, &Default::default()).expect("open restored");
+    assert_eq!(
+        store.get(b"cart-0001").unwrap().as_deref(),
+        Some(&b"items-1-round-2"[..])
+    );
+}
+
+#[test]
+fn a_corrupt_manifest_is_reported_by_list_and_verify() {
+    let f = fixture();
+    let dir = f.path("repo/stores/shop.carts.0/manifests");
+    let mut manifests: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    manifests.sort();
+    let newest = manifests.last().unwrap();
+    let text = std::fs::read_to_string(newest).unwrap();
+    std::fs::write(newest, text.replacen("\"keys\"", "\"kyes\"", 1)).unwrap();
+    let list = run_json(&f, &["list", STORE], 0);
+    assert_eq!(list["snapshots"].as_array().unwrap().len(), 2);
+    assert_eq!(list["unreadable"][0]["kind"], "corrupt");
+    let v = run_json(&f, &["verify"], 5);
+    assert_eq!(v["unreadable_manifests"][0]["kind"], "corrupt");
+}
+
+#[test]
+fn retain_gc_and_clone_say_what_they_do() {
+    let f = fixture();
+    let ids = snapshot_ids(&f);
+    let dry = run_json(&f, &["retain", STORE, "--keep-last", "1", "--dry-run"], 0);
+    assert_eq!(dry["dry_run"], true);
+    let dropped: Vec<&str> = dry["stores"][0]["manifests_deleted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(dropped.len(), 2, "{dry}");
+    assert!(!dropped.contains(&ids[2].as_str()));
+    // Nothing changed.
+    assert_eq!(snapshot_ids(&f).len(), 3);
+    let done = run_json(&f, &["retain", STORE, "--keep-last", "1"], 0);
+    assert_eq!(
+        done["stores"][0]["manifests_deleted"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(snapshot_ids(&f), vec![ids[2].clone()]);
+    // Blobs are young: gc condemns nothing within the grace period, and
+    // with no grace, condemns what no snapshot names.
+    let gc = run_json(&f, &["gc", "--dry-run"], 0);
+    assert_eq!(gc["stores"][0]["blobs_condemned"], 0);
+    // A grace of 2 s needs a commit budget of at most 1 s; with the
+    // default budget (10m) gc refuses it.
+    run_json(&f, &["gc", "--grace", "2s"], 3);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let gc = run_json(&f, &["gc", "--grace", "2s", "--max-commit", "1s"], 0);
+    assert!(
+        gc["stores"][0]["blobs_condemned"].as_u64().unwrap() > 0,
+        "{gc}"
+    );
+    statesnap()
+        .args(["retain", "--repo", &f.repo_url])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("--keep-last"));
+
+    let c = run_json(&f, &["clone", "--from", STORE, "--to", "shop2/carts/0"], 0);
+    assert_eq!(c["to"], "shop2.carts.0");
+    assert!(c["blobs_copied"].as_u64().unwrap() > 0);
+    let got = run_json(&f, &["get", "shop2/carts/0", "cart-0001"], 0);
+    assert_eq!(got["value"]["utf8"], "items-1-round-2");
+    let stores = run_json(&f, &["stores"], 0);
+    assert_eq!(stores.as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_its_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = format!("file://{}", dir.path().join("nothing").display());
+    // Missing repository: says how to create one.
+    statesnap()
+        .args(["stores", "--repo", &missing])
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("statesnap init"));
+    // Unknown scheme.
+    statesnap()
+        .args(["stores", "--repo", "ftp://host/x"])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("ftp"));
+    // Init, then init again: already exists.
+    statesnap()
+        .args(["init", "--repo", &missing])
+        .assert()
+        .success();
+    statesnap()
+        .args(["init", "--repo", &missing])
+        .assert()
+        .code(9);
+    // Unknown snapshot id and a malformed one.
+    statesnap()
+        .args([
+            "show",
+            STORE,
+            "01JAAAAAAAAAAAAAAAAAAAAAAA",
+            "--repo",
+            &missing,
+        ])
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("no such snapshot"));
+    statesnap()
+        .args(["show", STORE, "not-an-id", "--repo", &missing])
+        .assert()
+        .code(3);
+    // A hostile store name.
+    statesnap()
+        .args(["list", "../etc/x/0", "--repo", &missing])
+        .assert()
+        .code(3);
+    // Errors come as JSON too.
+    let out = statesnap()
+        .args(["show", STORE, "latest", "--repo", &missing, "--json"])
+        .assert()
+        .code(4)
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(json_of(&out)["error"]["kind"], "not-found");
+    // A bad changelog URL.
+    statesnap()
+        .args(["plan", STORE, "--changelog", "log", "--repo", &missing])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("file://DIR"));
+}
+
+#[test]
+fn an_unreachable_s3_endpoint_is_transient() {
+    let out = statesnap()
+        .args(["stores", "--repo", "s3://bucket/prefix"])
+        .args(["-o", "endpoint=http://127.0.0.1:9", "-o", "allow_http=true"])
+        .args([
+            "-o",
+            "access_key_id=x",
+            "-o",
+            "secret_access_key=y",
+            "-o",
+            "region=us-east-1",
+        ])
+        .timeout(Duration::from_secs(300))
+        .assert()
+        .code(7)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8_lossy(&out);
+    assert!(err.contains("transient") || err.contains("retry"), "{err}");
+}
+
+/// Against the S3 server `scripts/test.sh` starts (skipped, with a note,
+/// when `STATESNAP_TEST_S3_URL` is not set).
+#[test]
+fn the_commands_work_against_the_s3_server() {
+    let Ok(base) = std::env::var("STATESNAP_TEST_S3_URL") else {
+        assert!(
+            std::env::var_os("STATESNAP_REQUIRE_S3").is_none(),
+            "STATESNAP_REQUIRE_S3 is set but STATESNAP_TEST_S3_URL is not"
+        );
+        eprintln!("STATESNAP_TEST_S3_URL not set: run through scripts/test.sh for the S3 test");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("{base}/cli-{}", std::process::id());
+    rt().block_on(write_fixture(&url, dir.path()));
+    let f = Fixture {
+        log_url: format!("file://{}", dir.path().join("log").display()),
+        root: dir.path().to_path_buf(),
+        repo_url: url,
+        _dir: dir,
+    };
+    let stores = run_json(&f, &["stores"], 0);
+    assert_eq!(stores[0]["snapshots"], 3);
+    assert_eq!(run_json(&f, &["verify", "--deep"], 0)["ok"], true);
+    let target = f.path("restored");
+    let r = run_json(
+        &f,
+        &[
+            "restore",
+            STORE,
+            "--changelog",
+            &f.log_url,
+            "--to",
+            target.to_str().unwrap(),
+        ],
+        0,
+    );
+    assert_eq!(r["source"]["kind"], "snapshot");
+    // Wrong credentials: the server refuses; not transient, not a success.
+    statesnap()
+        .args([
+            "stores",
+            "--repo",
+            &f.repo_url,
+            "-o",
+            "secret_access_key=wrong",
+        ])
+        .assert()
+        .failure()
+        .code(predicate::ne(0).and(predicate::ne(7)));
+}
+
+/// Ctrl-C in the middle of a restore: exit 130, the target untouched, no
+/// staging left behind.
+#[test]
+fn ctrl_c_during_a_restore_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let repo_url = format!("file://{}", root.join("repo").display());
+    // A long changelog and no snapshot: a full replay takes seconds.
+    rt().block_on(async {
+        let repo = Repository::init(&repo_url, Default::default())
+            .await
+            .unwrap();
+        let m = StateManager::builder(repo)
+            .policy(SnapshotPolicy::manual())
+            .build()
+            .unwrap();
+        let spec =
+            StoreSpec::rocksdb("shop", "carts", 0, log(root), root.join("app-store")).unwrap();
+        let mut h = m.open(spec).await.unwrap();
+        for i in 0..1_500_000u32 {
+            h.put(
+                format!("cart-{:07}", i % 200_000),
+                i.to_le_bytes().repeat(8),
+            );
+            if i % 10_000 == 9_999 {
+                h.commit().unwrap();
+            }
+        }
+        h.commit().unwrap();
+        h.abandon().await;
+        m.shutdown().await;
+    });
+    let parent = root.join("out");
+    std::fs::create_dir_all(&parent).unwrap();
+    let target = parent.join("restored");
+    let bin = assert_cmd::cargo::cargo_bin("statesnap");
+    let mut child = std::process::Command::new(bin)
+        .args(["restore", STORE, "--repo", &repo_url])
+        .args([
+            "--changelog",
+            &format!("file://{}", root.join("log").display()),
+        ])
+        .args(["--to", target.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the restore is under way (its staging exists).
+    let staging = |p: &Path| -> Vec<String> {
+        std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect()
+    };
+    let started = std::time::Instant::now();
+    while staging(&parent).is_empty() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the restore ended before it could be interrupted"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no staging appeared"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(!target.exists(), "the target was created");
+    assert_eq!(
+        staging(&parent),
+        Vec::<String>::new(),
+        "staging left behind"
+    );
+}
+
+/// The demo at a small size: the speed-up line and equal digests.
+#[test]
+fn the_demo_shows_snapshot_restore_beating_replay_with_equal_digests() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("demo");
+    statesnap()
+        .args(["demo", "--keys", "3000", "--updates-per-key", "20"])
+        .args(["--dir", work.to_str().unwrap()])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("speed-up: snapshot + tail was")
+                .and(predicate::str::contains("digests equal")),
+        );
+    assert!(
+        !work.exists(),
+        "the demo removes its directory without --keep"
+    );
+    let out = statesnap()
+        .args([
+            "demo",
+            "--keys",
+            "2000",
+            "--updates-per-key",
+            "5",
+            "--store",
+            "memory",
+        ])
+        .args(["--dir", work.to_str().unwrap(), "--keep", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v = json_of(&out);
+    assert_eq!(v["digests_equal"], true);
+    assert_eq!(v["snapshot_restore"]["digest"], v["model_digest"]);
+    assert_eq!(v["full_replay"]["records_replayed"], v["changelog_records"]);
+    assert!(v["background_snapshots"].as_u64().unwrap() >= 1, "{v}");
+    assert!(
+        v["snapshot_restore"]["records_replayed"].as_u64().unwrap()
+            < v["full_replay"]["records_replayed"].as_u64().unwrap(),
+        "{v}"
+    );
+    assert!(work.join("repo").exists(), "--keep keeps the directory");
+}
