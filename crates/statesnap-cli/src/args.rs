@@ -71,6 +71,27 @@ pub enum Command {
     /// by side — newest snapshot + changelog tail vs full replay — with
     /// times, bytes, records and logical digests.
     Demo(DemoArgs),
+    /// The headline comparisons in one run: restore from snapshot vs full
+    /// replay across history lengths, RocksDB snapshots vs BackupEngine and
+    /// cp -r, the in-memory delta, throughput under background snapshots.
+    /// Prints a table and writes bench.md, bench.json and an SVG chart.
+    #[cfg(feature = "rocksdb")]
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// A small run (about a minute) of the same measurements.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where bench.md, bench.json and restore-vs-history.svg go.
+    #[arg(long, value_name = "DIR", default_value = "statesnap-bench")]
+    pub out: PathBuf,
+    /// Where the stores, changelogs and repositories are built (removed at
+    /// the end; default: the system's temporary directory). Pick a disk
+    /// with a few GB free for a full run.
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
 }
 
 /// Where the repository is.

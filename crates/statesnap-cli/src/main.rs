@@ -3,6 +3,8 @@
 //! kind (`statesnap --help` lists them).
 
 mod args;
+#[cfg(feature = "rocksdb")]
+mod bench;
 mod cmd;
 mod demo;
 mod out;
@@ -31,6 +33,8 @@ async fn dispatch(cli: &args::Cli) -> Result<ExitCode> {
         Command::Diff(a) => cmd::read::diff(a, out).await,
         Command::Clone(a) => cmd::inspect::clone(a, out).await,
         Command::Demo(a) => demo::run(a, out).await,
+        #[cfg(feature = "rocksdb")]
+        Command::Bench(a) => bench::run(a, out).await,
     }
 }
 

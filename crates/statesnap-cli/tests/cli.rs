@@ -701,3 +701,82 @@ fn the_demo_shows_snapshot_restore_beating_replay_with_equal_digests() {
     );
     assert!(work.join("repo").exists(), "--keep keeps the directory");
 }
+
+/// `bench --quick`: every part runs, the files are written, and the figures
+/// are consistent with what each part measured.
+#[test]
+fn bench_quick_writes_markdown_json_and_a_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("results");
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let out = statesnap()
+        .timeout(Duration::from_secs(600))
+        .args(["bench", "--quick", "--json"])
+        .args(["--out", out_dir.to_str().unwrap()])
+        .args(["--scratch", scratch.to_str().unwrap()])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v = json_of(&out);
+    let on_disk = json_of(&std::fs::read(out_dir.join("bench.json")).unwrap());
+    assert_eq!(v, on_disk, "--json prints what bench.json holds");
+    let replay = v["restore_vs_replay"].as_array().unwrap();
+    let histories: Vec<u64> = replay
+        .iter()
+        .map(|c| c["updates_per_key"].as_u64().unwrap())
+        .collect();
+    assert_eq!(histories, [10, 30, 100]);
+    for c in replay {
+        assert_eq!(
+            c["records"].as_u64().unwrap(),
+            c["keys"].as_u64().unwrap() * c["updates_per_key"].as_u64().unwrap(),
+            "{c}"
+        );
+        assert!(c["restore_secs"].as_f64().unwrap() > 0.0, "{c}");
+        assert!(c["replay_secs"].as_f64().unwrap() > 0.0, "{c}");
+    }
+    let b = &v["rocksdb_vs_backup_engine"];
+    assert!(
+        b["incremental_bytes"]["ours"].as_f64().unwrap() > 0.0,
+        "{b}"
+    );
+    assert!(
+        b["incremental_bytes"]["ours"].as_f64().unwrap()
+            < b["full_bytes"]["ours"].as_f64().unwrap(),
+        "an incremental snapshot uploads less than the full one: {b}"
+    );
+    let d = &v["memory_delta"];
+    assert!(
+        d["delta_bytes"].as_u64().unwrap() < d["full_bytes"].as_u64().unwrap(),
+        "{d}"
+    );
+    let t = v["throughput"].as_array().unwrap();
+    assert_eq!(t.len(), 4, "memory and rocksdb, without and with snapshots");
+    assert!(
+        t.iter()
+            .filter(|x| !x["every_secs"].is_null())
+            .all(|x| x["snapshots"].as_u64().unwrap() >= 1 && x["failed"] == 0),
+        "{t:?}"
+    );
+    assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
+    let md = std::fs::read_to_string(out_dir.join("bench.md")).unwrap();
+    assert!(
+        md.contains("| measure | statesnap | compared with | ratio |"),
+        "{md}"
+    );
+    assert!(md.contains("restore-vs-history.svg"), "{md}");
+    let svg = std::fs::read_to_string(out_dir.join("restore-vs-history.svg")).unwrap();
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
+    assert!(
+        svg.contains("full changelog replay"),
+        "the legend names both series"
+    );
+    assert_eq!(
+        std::fs::read_dir(&scratch).unwrap().count(),
+        0,
+        "the scratch directory is removed"
+    );
+}

@@ -120,6 +120,8 @@
 
 #![deny(rustdoc::broken_intra_doc_links)]
 
+#[cfg(feature = "bench")]
+pub mod bench;
 pub mod changelog;
 pub mod clock;
 #[cfg(feature = "conformance")]

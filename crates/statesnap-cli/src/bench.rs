@@ -1,0 +1,417 @@
+//! `statesnap bench`: the headline comparisons side by side in one run,
+//! printed as a table and written as Markdown, JSON and an SVG chart of
+//! restore time against history length. The measurements themselves are
+//! `statesnap::bench` (shared with `cargo bench`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use plotters::prelude::*;
+use serde_json::json;
+use statesnap::bench::{self, BackupComparison, DeltaCase, ReplayCase, StoreType, Throughput};
+use statesnap::{Error, ErrorKind, Result};
+
+use crate::args::BenchArgs;
+use crate::out::{self, Out};
+
+/// How big each part runs.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    replay_keys: u64,
+    histories: [u64; 3],
+    backup_keys: u64,
+    delta_keys: u64,
+    runtime_keys: u64,
+    runtime_secs: u64,
+}
+
+const FULL: Sizes = Sizes {
+    replay_keys: 100_000,
+    histories: [10, 30, 100],
+    backup_keys: 1_000_000,
+    delta_keys: 1_000_000,
+    runtime_keys: 200_000,
+    runtime_secs: 5,
+};
+
+const QUICK: Sizes = Sizes {
+    replay_keys: 10_000,
+    histories: [10, 30, 100],
+    backup_keys: 50_000,
+    delta_keys: 50_000,
+    runtime_keys: 20_000,
+    runtime_secs: 1,
+};
+
+/// The machine the figures come from.
+fn machine() -> serde_json::Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let mem_kib: u64 = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|r| r.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    json!({
+        "cpu": cpu,
+        "cores": cores,
+        "memory_gib": (mem_kib as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0,
+        "os": std::env::consts::OS,
+        "arch": std::env::consts::ARCH,
+        "statesnap": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+fn machine_line(m: &serde_json::Value) -> String {
+    format!(
+        "{} cores ({}), {} GiB, {}/{}; statesnap {}",
+        m["cores"],
+        m["cpu"].as_str().unwrap_or("?"),
+        m["memory_gib"],
+        m["os"].as_str().unwrap_or("?"),
+        m["arch"].as_str().unwrap_or("?"),
+        m["statesnap"].as_str().unwrap_or("?")
+    )
+}
+
+/// One row of the table: measure, statesnap, compared with, ratio.
+type Row = [String; 4];
+
+fn secs(s: f64) -> String {
+    out::secs(Duration::from_secs_f64(s.max(0.0)))
+}
+
+fn times(ours: f64, theirs: f64) -> String {
+    if ours <= theirs {
+        format!("{:.1}x faster", theirs / ours.max(1e-9))
+    } else {
+        format!("{:.1}x slower", ours / theirs.max(1e-9))
+    }
+}
+
+fn rows(
+    replay: &[ReplayCase],
+    backup: &BackupComparison,
+    delta: &DeltaCase,
+    throughput: &[Throughput],
+) -> Vec<Row> {
+    let mut rows: Vec<Row> = Vec::new();
+    for r in replay {
+        rows.push([
+            format!(
+                "restore vs full replay, {} keys x {} updates/key",
+                r.keys, r.updates_per_key
+            ),
+            secs(r.restore_secs),
+            format!("{} (replay of {} records)", secs(r.replay_secs), r.records),
+            times(r.restore_secs, r.replay_secs),
+        ]);
+    }
+    let b = backup;
+    let bytes = |x: f64| out::bytes(x as u64);
+    rows.push([
+        format!("full snapshot vs BackupEngine, {} keys", b.keys),
+        format!("{} ({})", secs(b.full_secs.ours), bytes(b.full_bytes.ours)),
+        format!(
+            "{} ({})",
+            secs(b.full_secs.theirs),
+            bytes(b.full_bytes.theirs)
+        ),
+        times(b.full_secs.ours, b.full_secs.theirs),
+    ]);
+    rows.push([
+        "incremental snapshot vs BackupEngine, 1 % of keys rewritten".to_owned(),
+        format!(
+            "{} ({})",
+            secs(b.incremental_secs.ours),
+            bytes(b.incremental_bytes.ours)
+        ),
+        format!(
+            "{} ({})",
+            secs(b.incremental_secs.theirs),
+            bytes(b.incremental_bytes.theirs)
+        ),
+        times(b.incremental_secs.ours, b.incremental_secs.theirs),
+    ]);
+    rows.push([
+        format!(
+            "restore (verified, opened) vs BackupEngine restore, {}",
+            bytes(b.restored_bytes as f64)
+        ),
+        secs(b.restore_secs.ours),
+        secs(b.restore_secs.theirs),
+        times(b.restore_secs.ours, b.restore_secs.theirs),
+    ]);
+    rows.push([
+        "restore vs cp -r of the same files + fsync".to_owned(),
+        secs(b.restore_vs_cp_secs.ours),
+        format!(
+            "{} ({} without fsync)",
+            secs(b.restore_vs_cp_secs.theirs),
+            secs(b.cp_nosync_secs)
+        ),
+        times(b.restore_vs_cp_secs.ours, b.restore_vs_cp_secs.theirs),
+    ]);
+    rows.push([
+        format!(
+            "in-memory delta snapshot after {} of {} keys changed",
+            delta.changed, delta.keys
+        ),
+        format!(
+            "{} in {}",
+            out::bytes(delta.delta_bytes),
+            secs(delta.delta_secs)
+        ),
+        format!(
+            "{} in {} (full snapshot)",
+            out::bytes(delta.full_bytes),
+            secs(delta.full_secs)
+        ),
+        format!("{:.2} % of full", 100.0 * delta.fraction()),
+    ]);
+    for store in [StoreType::Memory, StoreType::Rocksdb] {
+        let base = throughput
+            .iter()
+            .find(|t| t.store == store && t.every_secs.is_none());
+        for t in throughput
+            .iter()
+            .filter(|t| t.store == store && t.every_secs.is_some())
+        {
+            let Some(base) = base else { continue };
+            rows.push([
+                format!(
+                    "{} throughput, snapshot every {} s vs none",
+                    store.name(),
+                    t.every_secs.unwrap_or_default()
+                ),
+                format!(
+                    "{:.0} rec/s (commit p99 {} µs)",
+                    t.records_per_sec, t.commit_p99_us
+                ),
+                format!(
+                    "{:.0} rec/s (commit p99 {} µs)",
+                    base.records_per_sec, base.commit_p99_us
+                ),
+                format!("{:.1} %", 100.0 * t.records_per_sec / base.records_per_sec),
+            ]);
+        }
+    }
+    rows
+}
+
+fn markdown(machine: &serde_json::Value, rows: &[Row], chart: &str) -> String {
+    let mut s = String::from("# statesnap bench\n\n");
+    s.push_str(&format!("Machine: {}.\n\n", machine_line(machine)));
+    s.push_str("| measure | statesnap | compared with | ratio |\n|---|---|---|---|\n");
+    for r in rows {
+        let cells: Vec<String> = r.iter().map(|c| c.replace('|', "\\|")).collect();
+        s.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+    s.push_str(&format!(
+        "\n![restore time vs history length]({chart})\n\nMedians where repeated \
+         (restores: 3 runs); single runs otherwise. The machine is shared: expect \
+         ±20 % between runs.\n"
+    ));
+    s
+}
+
+/// Restore time and replay time against history length.
+fn chart(path: &Path, cases: &[ReplayCase]) -> Result<()> {
+    let draw = |e: &dyn std::fmt::Display| {
+        Error::new(
+            ErrorKind::Io,
+            format!("cannot draw the chart path={}: {e}", path.display()),
+        )
+    };
+    let max_x = cases.iter().map(|c| c.updates_per_key).max().unwrap_or(100);
+    let max_y = cases
+        .iter()
+        .map(|c| c.replay_secs.max(c.restore_secs))
+        .fold(0.0f64, f64::max)
+        * 1.15;
+    let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| draw(&e))?;
+    let keys = cases.first().map_or(0, |c| c.keys);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("Rebuilding a RocksDB store of {keys} keys"),
+            ("sans-serif", 20),
+        )
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0u64..max_x + max_x / 10, 0f64..max_y.max(1e-3))
+        .map_err(|e| draw(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("updates per key (changelog records / live keys)")
+        .y_desc("seconds")
+        .draw()
+        .map_err(|e| draw(&e))?;
+    let series = [
+        (
+            "full changelog replay",
+            RED,
+            cases
+                .iter()
+                .map(|c| (c.updates_per_key, c.replay_secs))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "restore from the newest snapshot",
+            BLUE,
+            cases
+                .iter()
+                .map(|c| (c.updates_per_key, c.restore_secs))
+                .collect(),
+        ),
+    ];
+    for (label, color, points) in series {
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(|e| draw(&e))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(|e| draw(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| draw(&e))?;
+    root.present().map_err(|e| draw(&e))
+}
+
+fn write(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).map_err(|e| {
+        Error::new(
+            ErrorKind::Io,
+            format!("cannot write bench output path={}", path.display()),
+        )
+        .with_source(e)
+    })
+}
+
+/// Runs every part, then prints and writes the results.
+pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
+    let sizes = if a.quick { QUICK } else { FULL };
+    let out_dir: PathBuf = a.out.clone();
+    std::fs::create_dir_all(&out_dir).map_err(|e| {
+        Error::new(
+            ErrorKind::Io,
+            format!(
+                "cannot create the output directory path={}",
+                out_dir.display()
+            ),
+        )
+        .with_source(e)
+    })?;
+    let scratch = match &a.scratch {
+        Some(d) => tempfile::tempdir_in(d),
+        None => tempfile::tempdir(),
+    }
+    .map_err(|e| {
+        Error::new(
+            ErrorKind::Io,
+            "cannot create a scratch directory (--scratch DIR picks where)",
+        )
+        .with_source(e)
+    })?;
+    let dir = scratch.path();
+    if !out.json {
+        println!(
+            "statesnap bench{}: scratch in {}, results to {}",
+            if a.quick { " --quick" } else { "" },
+            dir.display(),
+            out_dir.display()
+        );
+    }
+
+    let mut replay = Vec::new();
+    for &u in &sizes.histories {
+        let sp = out.spinner(&format!(
+            "restore vs full replay: {} keys x {u} updates/key",
+            sizes.replay_keys
+        ));
+        replay.push(bench::restore_vs_replay(dir, sizes.replay_keys, u).await?);
+        sp.finish_and_clear();
+    }
+    let sp = out.spinner(&format!(
+        "RocksDB snapshots vs BackupEngine and cp -r: {} keys",
+        sizes.backup_keys
+    ));
+    let backup = bench::rocks_vs_backup_engine(&dir.join("backup"), sizes.backup_keys, 3).await?;
+    sp.finish_and_clear();
+    let sp = out.spinner(&format!(
+        "in-memory delta snapshot: {} keys",
+        sizes.delta_keys
+    ));
+    let delta = bench::memory_delta(dir, sizes.delta_keys, 10).await?;
+    sp.finish_and_clear();
+    let mut throughput = Vec::new();
+    for store in [StoreType::Memory, StoreType::Rocksdb] {
+        let sdir = dir.join(format!("runtime-{}", store.name()));
+        let sp = out.spinner(&format!(
+            "{} throughput with and without background snapshots: {} keys",
+            store.name(),
+            sizes.runtime_keys
+        ));
+        bench::preload(store, &sdir, sizes.runtime_keys).await?;
+        for every in [None, Some(Duration::from_secs(1))] {
+            let run = Duration::from_secs(sizes.runtime_secs);
+            throughput.push(bench::throughput(store, &sdir, sizes.runtime_keys, run, every).await?);
+        }
+        sp.finish_and_clear();
+    }
+
+    let machine = machine();
+    let rows = rows(&replay, &backup, &delta, &throughput);
+    let chart_name = "restore-vs-history.svg";
+    chart(&out_dir.join(chart_name), &replay)?;
+    let result = json!({
+        "machine": machine,
+        "quick": a.quick,
+        "restore_vs_replay": replay,
+        "rocksdb_vs_backup_engine": backup,
+        "memory_delta": delta,
+        "throughput": throughput,
+    });
+    let pretty = serde_json::to_string_pretty(&result)
+        .map_err(|e| Error::new(ErrorKind::Internal, "cannot encode the results").with_source(e))?;
+    write(&out_dir.join("bench.json"), &pretty)?;
+    write(
+        &out_dir.join("bench.md"),
+        &markdown(&machine, &rows, chart_name),
+    )?;
+    if out.json {
+        out.json(&result);
+    } else {
+        let mut t = out.table(&["measure", "statesnap", "compared with", "ratio"]);
+        for r in &rows {
+            t.add_row(r.to_vec());
+        }
+        println!("{t}");
+        println!("machine: {}", machine_line(&machine));
+        println!(
+            "wrote {}, {} and {}",
+            out_dir.join("bench.md").display(),
+            out_dir.join("bench.json").display(),
+            out_dir.join(chart_name).display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,242 @@
+//! RocksDB snapshots side by side with RocksDB's own `BackupEngine` and a
+//! plain `cp -r`, on the same database in one run.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rocksdb::backup::{BackupEngine, BackupEngineOptions, RestoreOptions as BeRestoreOptions};
+use serde::Serialize;
+
+use super::{Pair, disk_usage, file_log, key, local_repo, median, remove, store_key, timed, value};
+use crate::changelog::file::FileChangelog;
+use crate::changelog::{Changelog, ChangelogBinding, Record};
+use crate::error::{Error, Result};
+use crate::format::rocks::RocksFormat;
+use crate::format::{RestoreContext, StoreFormat};
+use crate::repo::{Manifest, Repository};
+use crate::snapshot::commit_snapshot;
+use crate::store::rocks::{RocksOptions, RocksStore};
+use crate::store::{StateStore, ensure_follows};
+
+/// statesnap's RocksDB snapshots against `BackupEngine` (times in seconds,
+/// sizes in bytes). Restores are the median of `runs`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackupComparison {
+    /// Keys loaded (100-byte values).
+    pub keys: u64,
+    /// The database's size on disk after loading and flushing.
+    pub store_bytes: u64,
+    /// Full snapshot vs `create_new_backup_flush`: seconds.
+    pub full_secs: Pair,
+    /// Bytes the full snapshot uploaded vs the backup directory's size.
+    pub full_bytes: Pair,
+    /// After rewriting 1 % of the keys: incremental snapshot vs the next
+    /// backup, seconds.
+    pub incremental_secs: Pair,
+    /// Bytes the incremental snapshot uploaded vs what the backup added.
+    pub incremental_bytes: Pair,
+    /// Restore (every blob verified, the store opened) vs
+    /// `restore_from_latest_backup`, seconds.
+    pub restore_secs: Pair,
+    /// Restore vs `cp -r` of the same files plus an fsync of each,
+    /// seconds.
+    pub restore_vs_cp_secs: Pair,
+    /// `cp -r` without the fsyncs, seconds (for reference).
+    pub cp_nosync_secs: f64,
+    /// The restored snapshot's bytes.
+    pub restored_bytes: u64,
+}
+
+fn rocks(what: &str) -> impl FnOnce(rocksdb::Error) -> Error + '_ {
+    move |e| Error::new(crate::ErrorKind::Internal, format!("bench: {what}")).with_source(e)
+}
+
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |e| Error::io(format!("bench: {what}"), e)
+}
+
+/// Logs `records` 1 000 per batch and applies each batch to `store` at its
+/// last offset (bulk loading without a `LoggedStore`'s pending map), then
+/// flushes the store.
+pub(crate) fn load(
+    log: &FileChangelog,
+    store: &mut RocksStore,
+    records: impl Iterator<Item = Record>,
+) -> Result<()> {
+    let mut records = records.peekable();
+    while records.peek().is_some() {
+        let batch: Vec<Record> = records.by_ref().take(1000).collect();
+        let offsets = log.append(&batch)?;
+        if let Some(&last) = offsets.last() {
+            store.apply(&batch, last)?;
+        }
+    }
+    store.flush()
+}
+
+/// Options for stores the benches load: no WAL (both sides flush first).
+pub(crate) fn bench_options() -> RocksOptions {
+    RocksOptions {
+        wal: false,
+        ..RocksOptions::default()
+    }
+}
+
+async fn snap(
+    format: &RocksFormat,
+    store: &RocksStore,
+    repo: &Repository,
+    name: &str,
+    log: &FileChangelog,
+    parent: Option<&Manifest>,
+) -> Result<(Manifest, Duration)> {
+    let started = std::time::Instant::now();
+    let cut = format.capture(store)?;
+    let m = commit_snapshot(format, cut, repo, &store_key(name)?, log, parent).await?;
+    Ok((m, started.elapsed()))
+}
+
+fn fsync_tree(dir: &Path) -> Result<()> {
+    for e in std::fs::read_dir(dir).map_err(io("read cp target"))? {
+        let e = e.map_err(io("read cp target"))?;
+        std::fs::File::open(e.path())
+            .and_then(|f| f.sync_all())
+            .map_err(io("fsync cp target"))?;
+    }
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(io("fsync cp target"))
+}
+
+/// Loads `keys` keys into a RocksDB store under `dir`, then measures: a
+/// full snapshot and a backup; 1 % of keys rewritten, an incremental
+/// snapshot and a backup; and `runs` restores of each kind (ours, the
+/// backup's, `cp -r` of the snapshot's files). Everything reads from the
+/// page cache where it can: all sides were just written.
+pub async fn rocks_vs_backup_engine(
+    dir: &Path,
+    keys: u64,
+    runs: usize,
+) -> Result<BackupComparison> {
+    let opts = bench_options();
+    let format = RocksFormat::new(opts.clone());
+    let mut store = RocksStore::open(dir.join("db"), &opts)?;
+    let log = file_log(&dir.join("log-main"), "main")?;
+    ensure_follows(&mut store, &ChangelogBinding::of(&log)?)?;
+    load(
+        &log,
+        &mut store,
+        (0..keys).map(|i| Record::put(key(i), value(i))),
+    )?;
+    let store_bytes = disk_usage(&dir.join("db"));
+    let repo_dir = dir.join("repo");
+    let repo = local_repo(&repo_dir).await?;
+
+    // Full.
+    let (full, ours_full) = snap(&format, &store, &repo, "main", &log, None).await?;
+    let be_dir = dir.join("backup");
+    let mut be = BackupEngine::open(
+        &BackupEngineOptions::new(&be_dir).map_err(rocks("backup options"))?,
+        &rocksdb::Env::new().map_err(rocks("rocksdb env"))?,
+    )
+    .map_err(rocks("open BackupEngine"))?;
+    let (r, be_full) = timed(|| be.create_new_backup_flush(store.db(), true));
+    r.map_err(rocks("full backup"))?;
+    let be_full_bytes = disk_usage(&be_dir);
+
+    // 1 % of keys rewritten.
+    let changed = (0..keys / 100).map(|j| {
+        let i = j.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys.max(1);
+        Record::put(key(i), value(i ^ 0xdead_beef))
+    });
+    load(&log, &mut store, changed)?;
+    let (inc, ours_inc) = snap(&format, &store, &repo, "main", &log, Some(&full)).await?;
+    let (r, be_inc) = timed(|| be.create_new_backup_flush(store.db(), true));
+    r.map_err(rocks("incremental backup"))?;
+    let be_inc_bytes = disk_usage(&be_dir).saturating_sub(be_full_bytes);
+    let restored_bytes: u64 = inc.files.iter().map(|f| f.size).sum();
+    drop(store);
+
+    // The snapshot's files under their names, for `cp -r`.
+    let cp_src = dir.join("cp-src");
+    std::fs::create_dir_all(&cp_src).map_err(io("create cp source"))?;
+    for f in &inc.files {
+        let blob = crate::repo::paths::blob(&inc.store_key, &f.blake3);
+        std::fs::copy(repo_dir.join(blob.as_ref()), cp_src.join(&f.path))
+            .map_err(io("copy blob for cp -r"))?;
+    }
+    let (mut ours, mut theirs, mut cp, mut cp_nosync) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..runs.max(1) {
+        let target = dir.join("restore-ours");
+        remove(&target)?;
+        let ctx = RestoreContext {
+            repo: &repo,
+            target: &target,
+        };
+        let started = std::time::Instant::now();
+        let restored = format.restore(&inc, ctx).await?;
+        let d = started.elapsed();
+        drop(restored);
+        ours.push(d);
+        remove(&target)?;
+
+        let r_be = dir.join("restore-be");
+        let (r, d) =
+            timed(|| be.restore_from_latest_backup(&r_be, &r_be, &BeRestoreOptions::default()));
+        r.map_err(rocks("BackupEngine restore"))?;
+        theirs.push(d);
+        remove(&r_be)?;
+
+        let cp_dst = dir.join("cp-dst");
+        let (status, copy) = timed(|| {
+            std::process::Command::new("cp")
+                .arg("-r")
+                .arg(&cp_src)
+                .arg(&cp_dst)
+                .status()
+        });
+        if !status.map_err(io("run cp -r"))?.success() {
+            return Err(Error::new(crate::ErrorKind::Io, "bench: cp -r failed"));
+        }
+        let (r, sync) = timed(|| fsync_tree(&cp_dst));
+        r?;
+        cp.push(copy + sync);
+        cp_nosync.push(copy);
+        remove(&cp_dst)?;
+    }
+    for p in ["cp-src", "backup", "db", "log-main"] {
+        remove(&dir.join(p))?;
+    }
+    let secs = |d: Duration| d.as_secs_f64();
+    let restore = secs(median(ours));
+    Ok(BackupComparison {
+        keys,
+        store_bytes,
+        full_secs: Pair {
+            ours: secs(ours_full),
+            theirs: secs(be_full),
+        },
+        full_bytes: Pair {
+            ours: full.stats.bytes_uploaded as f64,
+            theirs: be_full_bytes as f64,
+        },
+        incremental_secs: Pair {
+            ours: secs(ours_inc),
+            theirs: secs(be_inc),
+        },
+        incremental_bytes: Pair {
+            ours: inc.stats.bytes_uploaded as f64,
+            theirs: be_inc_bytes as f64,
+        },
+        restore_secs: Pair {
+            ours: restore,
+            theirs: secs(median(theirs)),
+        },
+        restore_vs_cp_secs: Pair {
+            ours: restore,
+            theirs: secs(median(cp)),
+        },
+        cp_nosync_secs: secs(median(cp_nosync)),
+        restored_bytes,
+    })
+}
