@@ -61,6 +61,39 @@ impl Out {
         pb
     }
 
+    /// Follows a restore's counters on a bar until the future is dropped:
+    /// bytes downloaded (no total: candidates may be tried in turn), then
+    /// records replayed out of the tail's length.
+    pub async fn follow_restore(&self, progress: &statesnap::restore::RestoreProgress, what: &str) {
+        // Cleared when this future is dropped (the restore finished).
+        let pb = self
+            .spinner(what)
+            .with_finish(indicatif::ProgressFinish::AndClear);
+        let style = |t: &str| ProgressStyle::with_template(t).ok();
+        if let Some(s) = style("{spinner} {msg}: {bytes} downloaded ({bytes_per_sec})") {
+            pb.set_style(s);
+        }
+        let mut replaying = false;
+        loop {
+            match progress.replay() {
+                Some((done, total)) => {
+                    if !replaying {
+                        replaying = true;
+                        if let Some(s) =
+                            style("{msg}: replaying {bar:30} {pos}/{len} records (eta {eta})")
+                        {
+                            pb.set_style(s);
+                        }
+                    }
+                    pb.set_length(total);
+                    pb.set_position(done);
+                }
+                None => pb.set_position(progress.bytes_downloaded()),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn draw_target(&self) -> ProgressDrawTarget {
         if self.json || !std::io::stderr().is_terminal() {
             ProgressDrawTarget::hidden()

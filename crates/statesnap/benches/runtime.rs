@@ -18,7 +18,9 @@
 //! 3. **handoff**: `close()` (the handoff snapshot) then `open()` in a
 //!    fresh directory (another machine): both times, and records replayed.
 //!
-//! `STATESNAP_BENCH_RUNTIME_STORES` picks the store types (`memory,rocksdb`).
+//! `STATESNAP_BENCH_RUNTIME_STORES` picks the store types (`memory,rocksdb`),
+//! `STATESNAP_BENCH_RUNTIME_INTERVALS` the intervals and their order
+//! (`none,10,1`).
 //! Prints one table per part and a `json:` line with every figure.
 
 mod common;
@@ -57,7 +59,11 @@ async fn run(
         println!(
             "{label:<10} {:>9.0}  {:>6.1}%  {:>13}  {:>6}  {:>6}  {:>3} ({} failed)",
             t.records_per_sec,
-            100.0 * t.records_per_sec / base,
+            if base > 0.0 {
+                100.0 * t.records_per_sec / base
+            } else {
+                f64::NAN
+            },
             t.commit_p50_us,
             t.commit_p99_us,
             t.commit_max_us,
@@ -127,15 +133,29 @@ fn main() {
             .expect("tokio runtime"),
     };
     // Under `cargo test` the 10 s interval (a 21 s run) is left out.
-    let intervals: &[Option<Duration>] = if benching {
-        &[
+    // STATESNAP_BENCH_RUNTIME_INTERVALS overrides the list and its order
+    // (`none,10,1`: seconds between snapshots, `none` for no snapshots;
+    // ratios are against the latest `none` run before them).
+    let intervals: Vec<Option<Duration>> = match std::env::var("STATESNAP_BENCH_RUNTIME_INTERVALS")
+    {
+        Ok(list) => list
+            .split(',')
+            .map(|x| match x.trim() {
+                "none" => None,
+                secs => Some(Duration::from_secs_f64(
+                    secs.parse()
+                        .expect("STATESNAP_BENCH_RUNTIME_INTERVALS: `none` or seconds"),
+                )),
+            })
+            .collect(),
+        Err(_) if benching => vec![
             None,
             Some(Duration::from_secs(10)),
             Some(Duration::from_secs(1)),
-        ]
-    } else {
-        &[None, Some(Duration::from_secs(1))]
+        ],
+        Err(_) => vec![None, Some(Duration::from_secs(1))],
     };
+    let intervals = &intervals[..];
     // STATESNAP_BENCH_RUNTIME_STORES: which store types to run
     // (`memory,rocksdb` by default).
     let stores = std::env::var("STATESNAP_BENCH_RUNTIME_STORES")

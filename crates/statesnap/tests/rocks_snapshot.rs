@@ -23,7 +23,7 @@ use statesnap::format::rocks::RocksFormat;
 use statesnap::format::{RestoreStats, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::repo::{FileEntry, GcOptions, Manifest, Repository, StoreKey};
-use statesnap::restore::RestoreReport;
+use statesnap::restore::{RestoreOptions, RestoreReport, restore_store};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
@@ -839,4 +839,44 @@ fn capture_reads_offset_from_checkpoint_even_without_wal() {
         .block_on(restore_snapshot(&format, &m, &repo, &dir.path().join("r")))
         .unwrap();
     assert_eq!(contents(&st), model);
+}
+
+/// A restore's progress counters end where its report does: every blob
+/// byte read (the corrupt newer snapshot tried first included) and every
+/// tail record replayed.
+#[test]
+fn restore_progress_counts_every_byte_read_and_every_record_replayed() {
+    let s = two_snapshots();
+    let victim = largest(s.new_files().filter(|f| f.path.ends_with(".sst")));
+    s.flip_byte(&s.new, &victim);
+    let progress = std::sync::Arc::new(statesnap::restore::RestoreProgress::default());
+    assert_eq!(progress.replay(), None, "no replay before the restore");
+    let target = s.dir.path().join("progress-target");
+    let (store, report) =
+        s.rt.block_on(restore_store(
+            &s.format,
+            &s.repo,
+            &sk(),
+            &s.log,
+            &target,
+            &RestoreOptions {
+                progress: Some(progress.clone()),
+                ..RestoreOptions::default()
+            },
+        ))
+        .unwrap();
+    assert_eq!(report.snapshot, Some(s.old.snapshot_id));
+    assert_eq!(contents(&store), s.model);
+    let old_bytes: u64 = s.old.files.iter().map(|f| f.size).sum();
+    assert_eq!(report.transfer.bytes_downloaded, old_bytes);
+    // The refused snapshot's bytes were read too (up to the bad file).
+    assert!(
+        progress.bytes_downloaded() > old_bytes,
+        "read {} bytes, the used snapshot holds {old_bytes}",
+        progress.bytes_downloaded()
+    );
+    let (done, total) = progress.replay().expect("the tail was replayed");
+    assert_eq!(done, report.replay.records, "{report:?}");
+    assert_eq!(total, report.replay.records, "{report:?}");
+    assert!(done > 0);
 }

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde_json::{Value, json};
-use statesnap::restore::{PlanStep, RestorePlan, Source, restore_into};
+use statesnap::restore::{PlanStep, RestorePlan, RestoreProgress, Source, restore_into};
 use statesnap::runtime::BackgroundOptions;
 use statesnap::{Error, ErrorKind, RestoreOptions, Result, StateManager, StoreSpec};
 
@@ -144,18 +144,25 @@ pub async fn restore(a: &RestoreArgs, out: Out) -> Result<ExitCode> {
     let sk = store_key(&a.store.store)?;
     let log = changelog(&a.changelog, &sk)?;
     let kind = FormatKind::of_store(&repo, &sk).await?;
+    let progress = std::sync::Arc::new(RestoreProgress::default());
     let options = RestoreOptions {
         full_replay: a.full_replay,
         replace_unmarked: a.force,
         until: a.at_offset,
+        progress: Some(progress.clone()),
         ..RestoreOptions::default()
     };
-    let spinner = out.spinner(&format!("restoring {sk} into {}", a.to.display()));
     let started = std::time::Instant::now();
-    let report =
-        with_format!(kind, f => restore_into(&f, &repo, &sk, &*log, &a.to, &options).await?);
+    let what = format!("restoring {sk} into {}", a.to.display());
+    let report = with_format!(kind, f => {
+        let restore = restore_into(&f, &repo, &sk, &*log, &a.to, &options);
+        tokio::select! {
+            biased;
+            r = restore => r?,
+            () = out.follow_restore(&progress, &what) => unreachable!("follow_restore never returns"),
+        }
+    });
     let took = started.elapsed();
-    spinner.finish_and_clear();
     if out.json {
         out.json(&json!({
             "store": sk.to_string(),

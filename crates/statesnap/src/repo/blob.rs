@@ -347,6 +347,7 @@ impl Repository {
         }
         Ok(BlobReader {
             limit: self.limit.clone(),
+            counter: self.read_counter.clone(),
             key,
             expected: *blob,
             stream: payload_stream(res),
@@ -447,6 +448,7 @@ impl Repository {
 /// reads to the end never accepts bad bytes.
 pub struct BlobReader {
     limit: Option<std::sync::Arc<super::BandwidthLimit>>,
+    counter: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
     key: Path,
     expected: BlobRef,
     stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
@@ -476,6 +478,9 @@ impl BlobReader {
                 let chunk = chunk
                     .map_err(|e| map_store_error(e, &format!("cannot read blob key=`{key}`")))?;
                 self.seen += chunk.len() as u64;
+                if let Some(c) = &self.counter {
+                    c.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
                 if let Some(l) = &self.limit {
                     l.take(chunk.len() as u64).await;
                 }

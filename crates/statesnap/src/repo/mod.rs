@@ -115,6 +115,8 @@ pub struct Repository {
     max_commit_duration: Duration,
     /// Shared by every transfer of this repository and its clones.
     limit: Option<Arc<BandwidthLimit>>,
+    /// Blob bytes read, for progress reporting ([`Repository::counting_reads`]).
+    read_counter: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Repository {
@@ -168,6 +170,7 @@ impl Repository {
             transfer: opts.transfer,
             max_commit_duration: opts.max_commit_duration,
             limit: None,
+            read_counter: None,
         })
     }
 
@@ -200,6 +203,13 @@ impl Repository {
     /// `Arc`).
     pub fn with_bandwidth_limit(mut self, limit: Arc<BandwidthLimit>) -> Self {
         self.limit = Some(limit);
+        self
+    }
+
+    /// The same repository, adding every blob byte it reads (verified or
+    /// not yet) to `counter`: a progress bar reads it from another task.
+    pub fn counting_reads(mut self, counter: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        self.read_counter = Some(counter);
         self
     }
 

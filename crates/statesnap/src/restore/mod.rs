@@ -7,6 +7,7 @@
 mod plan;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::changelog::{Changelog, ChangelogBinding};
@@ -84,6 +85,54 @@ pub struct RestoreOptions {
     /// recorded (a full scan); a mismatch fails that snapshot (`corrupt`,
     /// the restored store is wiped) and the next candidate is tried.
     pub verify_digest: bool,
+    /// Live counters for a progress bar, advanced as the restore goes
+    /// (read them from another task; see [`RestoreProgress`]).
+    pub progress: Option<std::sync::Arc<RestoreProgress>>,
+}
+
+/// Counters a restore advances as it goes, for progress bars: pass one in
+/// [`RestoreOptions::progress`] and read it from another task or thread
+/// (they are relaxed atomics: each read is a recent value, not a
+/// consistent snapshot of all of them).
+#[derive(Debug, Default)]
+pub struct RestoreProgress {
+    downloaded: std::sync::Arc<AtomicU64>,
+    replaying: std::sync::atomic::AtomicBool,
+    replay_start: AtomicU64,
+    replay_applied: AtomicU64,
+    replay_end: AtomicU64,
+}
+
+impl RestoreProgress {
+    /// Blob bytes read from the repository so far (every snapshot tried).
+    pub fn bytes_downloaded(&self) -> u64 {
+        self.downloaded.load(Ordering::Relaxed)
+    }
+
+    /// Once the changelog replay has started: records applied and records
+    /// to apply in all (offsets from where it started to where it heads).
+    pub fn replay(&self) -> Option<(u64, u64)> {
+        if !self.replaying.load(Ordering::Relaxed) {
+            return None;
+        }
+        let start = self.replay_start.load(Ordering::Relaxed);
+        let applied = self.replay_applied.load(Ordering::Relaxed);
+        let end = self.replay_end.load(Ordering::Relaxed);
+        Some((applied.saturating_sub(start), end.saturating_sub(start)))
+    }
+
+    fn replay_started(&self, start: u64, end: u64) {
+        self.replay_start.store(start, Ordering::Relaxed);
+        self.replay_applied.store(start, Ordering::Relaxed);
+        self.replay_end.store(end.max(start), Ordering::Relaxed);
+        self.replaying.store(true, Ordering::Relaxed);
+    }
+
+    fn replayed(&self, p: &ReplayProgress) {
+        self.replay_applied
+            .store(p.applied_offset.saturating_add(1), Ordering::Relaxed);
+        self.replay_end.fetch_max(p.end_offset, Ordering::Relaxed);
+    }
 }
 
 /// Restores store `store_key` into `target`: the newest snapshot that is
@@ -110,6 +159,14 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
         crate::store::mark_store_dir(target)?;
     }
     crate::format::staging::check_replaceable(target)?;
+    let counted;
+    let repo = match &options.progress {
+        Some(p) => {
+            counted = repo.clone().counting_reads(p.downloaded.clone());
+            &counted
+        }
+        None => repo,
+    };
     let plan = plan_restore(
         format,
         repo,
@@ -384,12 +441,22 @@ async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
             )));
         }
     }
+    if let Some(p) = &options.progress {
+        let from = store.applied_offset()?.map_or(0, |o| o + 1);
+        let end = changelog.end_offset()?;
+        let to = options.until.map_or(end, |u| u.saturating_add(1).min(end));
+        p.replay_started(from, to);
+    }
     let replay = replay_until(
         &mut store,
         changelog,
         &options.replay,
         options.until,
-        &mut |_| {},
+        &mut |r| {
+            if let Some(p) = &options.progress {
+                p.replayed(r);
+            }
+        },
     )?;
     // Skipped: snapshots newer than the source, rejected or failed.
     let start = source.start_offset();
