@@ -318,6 +318,13 @@ pub struct CloneArgs {
     /// The snapshot to copy (default: the newest).
     #[arg(long, value_name = "ID", default_value = "latest")]
     pub snapshot: String,
+    /// The target's own changelog (file://DIR or
+    /// kafka://HOST:PORT/TOPIC/PARTITION; it must be empty): the state is
+    /// written into it and the target's first snapshot follows it — a
+    /// blue/green deployment's store. Without it the copy keeps naming
+    /// the source's changelog.
+    #[arg(long, value_name = "URL")]
+    pub changelog: Option<String>,
 }
 
 /// Which store the demo uses.

@@ -432,6 +432,105 @@ fn retain_gc_and_clone_say_what_they_do() {
     assert_eq!(stores.as_array().unwrap().len(), 2);
 }
 
+/// `clone --changelog`: the target follows its own, new changelog — a
+/// restore with that changelog gives the source snapshot's contents, and
+/// later writes to it land on top; a changelog with records is refused.
+#[test]
+fn clone_with_a_changelog_seeds_a_store_that_follows_its_own_log() {
+    let f = fixture();
+    let green_log = format!("file://{}", f.root.join("green-log").display());
+    let source = run_json(&f, &["show", STORE, "latest"], 0);
+    let c = run_json(
+        &f,
+        &[
+            "clone",
+            "--from",
+            STORE,
+            "--to",
+            "green/carts/0",
+            "--changelog",
+            &green_log,
+        ],
+        0,
+    );
+    // 300 keys written, cart-0000 deleted in the last round.
+    assert_eq!(c["records_written"], 299, "{c}");
+    assert_eq!(
+        c["offset"], 298,
+        "the first snapshot sits at the new log's last offset"
+    );
+    assert_eq!(c["changelog"]["topic"], "green-carts-changelog", "{c}");
+    assert_eq!(c["source_snapshot"], source["snapshot_id"], "{c}");
+    // The seeded store restores from its own changelog, and a restore
+    // with the source's changelog is refused for that snapshot.
+    let to = f.root.join("green-restored");
+    let r = run_json(
+        &f,
+        &[
+            "restore",
+            "green/carts/0",
+            "--changelog",
+            &green_log,
+            "--to",
+            to.to_str().unwrap(),
+        ],
+        0,
+    );
+    assert_eq!(r["source"]["kind"], "snapshot", "{r}");
+    assert_eq!(r["records_replayed"], 0, "{r}");
+    let got = run_json(&f, &["get", "green/carts/0", "cart-0001"], 0);
+    assert_eq!(got["value"]["utf8"], "items-1-round-2");
+    let gone = run_json(&f, &["get", "green/carts/0", "cart-0000"], 4);
+    assert!(gone["value"].is_null(), "{gone}");
+    // Seeding again: the log has records now (config); another store's
+    // log directory is refused; and the store has a snapshot already.
+    let again = run_json(
+        &f,
+        &[
+            "clone",
+            "--from",
+            STORE,
+            "--to",
+            "green/carts/0",
+            "--changelog",
+            &green_log,
+        ],
+        3,
+    );
+    let msg = again["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("needs an empty changelog"), "{again}");
+    let foreign = run_json(
+        &f,
+        &[
+            "clone",
+            "--from",
+            STORE,
+            "--to",
+            "green2/carts/0",
+            "--changelog",
+            &green_log,
+        ],
+        3,
+    );
+    let msg = foreign["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("belongs to another changelog"), "{foreign}");
+    let fresh = format!("file://{}", f.root.join("green-log-2").display());
+    let exists = run_json(
+        &f,
+        &[
+            "clone",
+            "--from",
+            STORE,
+            "--to",
+            "green/carts/0",
+            "--changelog",
+            &fresh,
+        ],
+        9,
+    );
+    assert_eq!(exists["error"]["kind"], "already-exists", "{exists}");
+}
+
 #[test]
 fn bad_input_gets_a_clear_error_and_its_exit_code() {
     let dir = tempfile::tempdir().unwrap();

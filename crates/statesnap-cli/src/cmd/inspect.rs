@@ -246,6 +246,9 @@ pub async fn clone(a: &crate::args::CloneArgs, out: Out) -> Result<ExitCode> {
         "latest" => None,
         id => Some(id.parse()?),
     };
+    if let Some(url) = &a.changelog {
+        return seed(&repo, &from, id, &to, url, out).await;
+    }
     let spinner = out.spinner(&format!("copying {from} to {to}"));
     let r = repo.clone_snapshot(&from, id, &to).await?;
     spinner.finish_and_clear();
@@ -272,6 +275,57 @@ pub async fn clone(a: &crate::args::CloneArgs, out: Out) -> Result<ExitCode> {
         println!(
             "the copy names the source's changelog ({} partition {}): restore it with that changelog",
             m.changelog.topic, m.changelog.partition
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `clone --changelog`: the target follows its own changelog.
+async fn seed(
+    repo: &statesnap::Repository,
+    from: &statesnap::StoreKey,
+    id: Option<statesnap::SnapshotId>,
+    to: &statesnap::StoreKey,
+    url: &str,
+    out: Out,
+) -> Result<ExitCode> {
+    let url: statesnap::changelog::ChangelogUrl = url.parse()?;
+    let log = url.open(statesnap::ChangelogId::for_store(
+        to.application(),
+        to.store(),
+        to.partition(),
+    )?)?;
+    let kind = FormatKind::of_store(repo, from).await?;
+    let (_guard, scratch) = super::scratch()?;
+    let spinner = out.spinner(&format!("seeding {to} from {from}"));
+    let r = with_format!(kind, f => statesnap::restore::seed_store(
+        &f, repo, from, id, to, &*log, &scratch
+    ).await?);
+    spinner.finish_and_clear();
+    let m = &r.manifest;
+    if out.json {
+        out.json(&json!({
+            "from": from.to_string(),
+            "to": to.to_string(),
+            "source_snapshot": r.source.to_string(),
+            "source_offset": r.source_offset,
+            "records_written": r.records,
+            "snapshot": m.snapshot_id.to_string(),
+            "offset": m.changelog.offset,
+            "changelog": {"topic": m.changelog.topic, "partition": m.changelog.partition},
+            "digest": r.digest.to_string(),
+        }));
+    } else {
+        println!(
+            "seeded {to} from {from} snapshot {} (offset {}): {} records written to its \
+             changelog ({} partition {}), first snapshot {} at offset {}",
+            r.source,
+            r.source_offset,
+            r.records,
+            m.changelog.topic,
+            m.changelog.partition,
+            m.snapshot_id,
+            m.changelog.offset
         );
     }
     Ok(ExitCode::SUCCESS)

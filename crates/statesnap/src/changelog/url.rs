@@ -64,6 +64,33 @@ impl std::str::FromStr for ChangelogUrl {
 }
 
 impl ChangelogUrl {
+    /// Opens the changelog to write to it, as a store's writer does: the
+    /// file log is created if missing (and locked), a Kafka topic is
+    /// created if missing. `id` is the changelog a file log must be.
+    pub fn open(&self, id: ChangelogId) -> Result<Box<dyn Changelog>> {
+        match self {
+            ChangelogUrl::File(dir) => Ok(Box::new(super::file::FileChangelog::open(
+                dir,
+                id,
+                Default::default(),
+            )?)),
+            #[cfg(feature = "kafka")]
+            ChangelogUrl::Kafka {
+                bootstrap_servers,
+                topic,
+                partition,
+            } => {
+                let id = ChangelogId::new(topic.clone(), *partition)?;
+                let options = super::kafka::KafkaOptions::new(bootstrap_servers.clone());
+                Ok(Box::new(super::kafka::KafkaChangelog::open(id, options)?))
+            }
+            #[cfg(not(feature = "kafka"))]
+            ChangelogUrl::Kafka { .. } => Err(Error::config(
+                "this build has no Kafka support; rebuild with the `kafka` feature",
+            )),
+        }
+    }
+
     /// Opens the changelog for reading: the file log read-only (no lock,
     /// nothing created; it must exist), Kafka with default options (the
     /// topic must exist). `id` is the changelog a file log must be; a Kafka

@@ -5,6 +5,8 @@
 //! [`crate::format`].
 
 mod plan;
+mod seed;
+pub use seed::{SeedReport, seed_store};
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
