@@ -667,6 +667,32 @@ fn the_commands_work_against_the_s3_server() {
         .assert()
         .failure()
         .code(predicate::ne(0).and(predicate::ne(7)));
+    // The demo, redirected to the S3 server: snapshots go there and the
+    // rebuilt store comes back from there.
+    let demo_repo = format!("{base}/demo-{}", std::process::id());
+    let work = f.path("demo");
+    let out = statesnap()
+        .args(["demo", "--keys", "2000", "--updates-per-key", "5", "--json"])
+        .args(["--repo", &demo_repo, "--dir", work.to_str().unwrap()])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v = json_of(&out);
+    assert_eq!(v["digests_equal"], true, "{v}");
+    assert!(
+        v["snapshot_restore"]["bytes_downloaded"].as_u64().unwrap() > 0,
+        "the snapshot came from the S3 server: {v}"
+    );
+    let stores = statesnap()
+        .args(["stores", "--repo", &demo_repo, "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(json_of(&stores)[0]["store"], "demo.users.0");
 }
 
 /// Ctrl-C in the middle of a restore: exit 130, the target untouched, no
