@@ -68,27 +68,7 @@ impl ChangelogUrl {
     /// file log is created if missing (and locked), a Kafka topic is
     /// created if missing. `id` is the changelog a file log must be.
     pub fn open(&self, id: ChangelogId) -> Result<Box<dyn Changelog>> {
-        match self {
-            ChangelogUrl::File(dir) => Ok(Box::new(super::file::FileChangelog::open(
-                dir,
-                id,
-                Default::default(),
-            )?)),
-            #[cfg(feature = "kafka")]
-            ChangelogUrl::Kafka {
-                bootstrap_servers,
-                topic,
-                partition,
-            } => {
-                let id = ChangelogId::new(topic.clone(), *partition)?;
-                let options = super::kafka::KafkaOptions::new(bootstrap_servers.clone());
-                Ok(Box::new(super::kafka::KafkaChangelog::open(id, options)?))
-            }
-            #[cfg(not(feature = "kafka"))]
-            ChangelogUrl::Kafka { .. } => Err(Error::config(
-                "this build has no Kafka support; rebuild with the `kafka` feature",
-            )),
-        }
+        self.open_with(id, true)
     }
 
     /// Opens the changelog for reading: the file log read-only (no lock,
@@ -96,7 +76,16 @@ impl ChangelogUrl {
     /// topic must exist). `id` is the changelog a file log must be; a Kafka
     /// URL names its own topic and partition.
     pub fn open_for_reading(&self, id: ChangelogId) -> Result<Box<dyn Changelog>> {
+        self.open_with(id, false)
+    }
+
+    fn open_with(&self, id: ChangelogId, write: bool) -> Result<Box<dyn Changelog>> {
         match self {
+            ChangelogUrl::File(dir) if write => Ok(Box::new(super::file::FileChangelog::open(
+                dir,
+                id,
+                Default::default(),
+            )?)),
             ChangelogUrl::File(dir) => Ok(Box::new(super::file::FileChangelog::open_read_only(
                 dir, id,
             )?)),
@@ -108,7 +97,7 @@ impl ChangelogUrl {
             } => {
                 let id = ChangelogId::new(topic.clone(), *partition)?;
                 let mut options = super::kafka::KafkaOptions::new(bootstrap_servers.clone());
-                options.create_topic = false;
+                options.create_topic = write;
                 Ok(Box::new(super::kafka::KafkaChangelog::open(id, options)?))
             }
             #[cfg(not(feature = "kafka"))]
