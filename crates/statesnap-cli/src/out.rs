@@ -94,6 +94,23 @@ impl Out {
         }
     }
 
+    /// Shows `counter` as bytes read on a spinner until the future is
+    /// dropped (for transfers whose total is not known up front).
+    pub async fn follow_bytes(&self, counter: &std::sync::atomic::AtomicU64, what: &str) {
+        let pb = self
+            .spinner(what)
+            .with_finish(indicatif::ProgressFinish::AndClear);
+        if let Ok(s) =
+            ProgressStyle::with_template("{spinner} {msg}: {bytes} read ({bytes_per_sec})")
+        {
+            pb.set_style(s);
+        }
+        loop {
+            pb.set_position(counter.load(std::sync::atomic::Ordering::Relaxed));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn draw_target(&self) -> ProgressDrawTarget {
         if self.json || !std::io::stderr().is_terminal() {
             ProgressDrawTarget::hidden()

@@ -249,9 +249,14 @@ pub async fn clone(a: &crate::args::CloneArgs, out: Out) -> Result<ExitCode> {
     if let Some(url) = &a.changelog {
         return seed(&repo, &from, id, &to, url, out).await;
     }
-    let spinner = out.spinner(&format!("copying {from} to {to}"));
-    let r = repo.clone_snapshot(&from, id, &to).await?;
-    spinner.finish_and_clear();
+    let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = repo.clone().counting_reads(read.clone());
+    let what = format!("copying {from} to {to}");
+    let r = tokio::select! {
+        biased;
+        r = counted.clone_snapshot(&from, id, &to) => r?,
+        () = out.follow_bytes(&read, &what) => unreachable!("follow_bytes never returns"),
+    };
     let m = &r.manifest;
     if out.json {
         out.json(&json!({
@@ -297,11 +302,14 @@ async fn seed(
     )?)?;
     let kind = FormatKind::of_store(repo, from).await?;
     let (_guard, scratch) = super::scratch()?;
-    let spinner = out.spinner(&format!("seeding {to} from {from}"));
-    let r = with_format!(kind, f => statesnap::restore::seed_store(
-        &f, repo, from, id, to, &*log, &scratch
-    ).await?);
-    spinner.finish_and_clear();
+    let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = repo.clone().counting_reads(read.clone());
+    let what = format!("seeding {to} from {from}");
+    let r = with_format!(kind, f => tokio::select! {
+        biased;
+        r = statesnap::restore::seed_store(&f, &counted, from, id, to, &*log, &scratch) => r?,
+        () = out.follow_bytes(&read, &what) => unreachable!("follow_bytes never returns"),
+    });
     let m = &r.manifest;
     if out.json {
         out.json(&json!({
