@@ -32,8 +32,28 @@ fn log_options() -> FileChangelogOptions {
     }
 }
 
+/// Opens the file log for writing. Its directory lock is an `flock`: the
+/// other test in this binary spawns children concurrently, and a child
+/// between `fork` and `exec` holds a copy of every descriptor this process
+/// has open — the lock of a log this process just closed included — until
+/// `exec` closes it (close-on-exec). That shows as a transient "locked by
+/// another writer" naming this very process; it clears within moments, so
+/// the opens here retry it for up to 5 s.
+fn open_log(dir: &Path) -> FileChangelog {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match FileChangelog::open(dir.join("log"), id(), log_options()) {
+            Ok(log) => return log,
+            Err(e) if e.is_transient() && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => panic!("open the changelog: {e}"),
+        }
+    }
+}
+
 fn open(dir: &Path) -> LoggedStore<RocksStore, FileChangelog> {
-    let log = FileChangelog::open(dir.join("log"), id(), log_options()).unwrap();
+    let log = open_log(dir);
     let store = RocksStore::open(dir.join("db"), &RocksOptions::default()).unwrap();
     let mut ls = LoggedStore::new(store, log).unwrap();
     ls.catch_up(&ReplayOptions::default()).unwrap();
@@ -184,7 +204,7 @@ fn runtime_spec(
     dir: &Path,
     store_dir: &str,
 ) -> statesnap::StoreSpec<statesnap::RocksFormat, FileChangelog> {
-    let log = FileChangelog::open(dir.join("log"), id(), log_options()).unwrap();
+    let log = open_log(dir);
     statesnap::StoreSpec::rocksdb("crash", "store", 0, log, dir.join(store_dir)).unwrap()
 }
 
