@@ -56,7 +56,10 @@ else
 fi
 
 log "demo smoke run (what scripts/demo.sh runs, at a small size)"
-cargo build --release "${FEATURES[@]}" --bins
+# The binary `cargo test` built for the CLI tests. A `cargo build --bins`
+# here would resolve features without the dev-dependencies and rebuild the
+# two workspace crates (about 20 s), then the next test run would rebuild
+# them back.
 demo_dir="$(mktemp -d)"
 "$CARGO_TARGET_DIR/release/statesnap" demo --keys 20000 --updates-per-key 10 \
   --dir "$demo_dir/demo" | tee "$demo_dir/out"
