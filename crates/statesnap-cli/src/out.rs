@@ -94,9 +94,17 @@ impl Out {
         }
     }
 
-    /// Shows `counter` as bytes read on a spinner until the future is
-    /// dropped (for transfers whose total is not known up front).
-    pub async fn follow_bytes(&self, counter: &std::sync::atomic::AtomicU64, what: &str) {
+    /// Runs `run` on a copy of `repo` that counts the blob bytes it reads,
+    /// showing them on a spinner (for transfers whose total is not known
+    /// up front) until `run` finishes.
+    pub async fn reading<T>(
+        &self,
+        repo: &statesnap::Repository,
+        what: &str,
+        run: impl AsyncFnOnce(&statesnap::Repository) -> statesnap::Result<T>,
+    ) -> statesnap::Result<T> {
+        let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = repo.clone().counting_reads(read.clone());
         let pb = self
             .spinner(what)
             .with_finish(indicatif::ProgressFinish::AndClear);
@@ -105,9 +113,16 @@ impl Out {
         {
             pb.set_style(s);
         }
-        loop {
-            pb.set_position(counter.load(std::sync::atomic::Ordering::Relaxed));
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let follow = async {
+            loop {
+                pb.set_position(read.load(std::sync::atomic::Ordering::Relaxed));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            biased;
+            r = run(&counted) => r,
+            () = follow => unreachable!("the spinner loop never returns"),
         }
     }
 

@@ -242,21 +242,16 @@ pub async fn clone(a: &crate::args::CloneArgs, out: Out) -> Result<ExitCode> {
     let repo = open_repo(&a.repo).await?;
     let from = store_key(&a.from)?;
     let to = store_key(&a.to)?;
-    let id = match a.snapshot.as_str() {
-        "latest" => None,
-        id => Some(id.parse()?),
-    };
+    let id = super::snapshot_id(&a.snapshot)?;
     if let Some(url) = &a.changelog {
         return seed(&repo, &from, id, &to, url, out).await;
     }
-    let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let counted = repo.clone().counting_reads(read.clone());
     let what = format!("copying {from} to {to}");
-    let r = tokio::select! {
-        biased;
-        r = counted.clone_snapshot(&from, id, &to) => r?,
-        () = out.follow_bytes(&read, &what) => unreachable!("follow_bytes never returns"),
-    };
+    let r = out
+        .reading(&repo, &what, async |repo| {
+            repo.clone_snapshot(&from, id, &to).await
+        })
+        .await?;
     let m = &r.manifest;
     if out.json {
         out.json(&json!({
@@ -302,14 +297,12 @@ async fn seed(
     )?)?;
     let kind = FormatKind::of_store(repo, from).await?;
     let (_guard, scratch) = super::scratch()?;
-    let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let counted = repo.clone().counting_reads(read.clone());
     let what = format!("seeding {to} from {from}");
-    let r = with_format!(kind, f => tokio::select! {
-        biased;
-        r = statesnap::restore::seed_store(&f, &counted, from, id, to, &*log, &scratch) => r?,
-        () = out.follow_bytes(&read, &what) => unreachable!("follow_bytes never returns"),
-    });
+    let r = with_format!(kind, f => out
+        .reading(repo, &what, async |repo| {
+            statesnap::restore::seed_store(&f, repo, from, id, to, &*log, &scratch).await
+        })
+        .await?);
     let m = &r.manifest;
     if out.json {
         out.json(&json!({

@@ -56,19 +56,15 @@ pub fn store_key(s: &str) -> Result<StoreKey> {
 
 /// Snapshot `id` of `sk` (`latest`: the newest valid one).
 pub async fn snapshot(repo: &Repository, sk: &StoreKey, id: &str) -> Result<SnapshotInfo> {
-    if id == "latest" {
-        return repo.latest(sk).await?.ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!(
-                    "store has no valid snapshot store_key=`{sk}`; `statesnap stores` lists the \
-                     stores that have some"
-                ),
-            )
-        });
+    repo.snapshot_or_latest(sk, snapshot_id(id)?).await
+}
+
+/// A snapshot id argument: `latest` is `None`.
+pub fn snapshot_id(id: &str) -> Result<Option<SnapshotId>> {
+    match id {
+        "latest" => Ok(None),
+        id => Ok(Some(id.parse()?)),
     }
-    let id: SnapshotId = id.parse()?;
-    repo.get_snapshot(sk, id).await
 }
 
 /// Opens the changelog `url` for reading, expecting the one a store `sk`

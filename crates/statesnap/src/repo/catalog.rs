@@ -218,6 +218,24 @@ impl Repository {
         Ok(self.list_snapshots(sk).await?.latest().cloned())
     }
 
+    /// Snapshot `id` of `sk`, or its newest valid one when `id` is `None`
+    /// (`not_found` when it has none).
+    pub async fn snapshot_or_latest(
+        &self,
+        sk: &StoreKey,
+        id: Option<SnapshotId>,
+    ) -> Result<SnapshotInfo> {
+        match id {
+            Some(id) => self.get_snapshot(sk, id).await,
+            None => self.latest(sk).await?.ok_or_else(|| {
+                Error::not_found(format!(
+                    "store has no valid snapshot store_key=`{sk}`; `statesnap stores` lists the \
+                     stores that have some, `statesnap list` a store's snapshots"
+                ))
+            }),
+        }
+    }
+
     /// The newest valid snapshot of `sk` with offset `<= offset`.
     pub async fn at_or_before(&self, sk: &StoreKey, offset: u64) -> Result<Option<SnapshotInfo>> {
         Ok(self.list_snapshots(sk).await?.at_or_before(offset).cloned())

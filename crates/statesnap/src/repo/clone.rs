@@ -46,15 +46,7 @@ impl Repository {
                  target"
             )));
         }
-        let source = match id {
-            Some(id) => self.get_snapshot(from, id).await?,
-            None => self.latest(from).await?.ok_or_else(|| {
-                Error::not_found(format!(
-                    "store has no snapshot to clone store_key=`{from}`; list its snapshots with \
-                     `statesnap list`"
-                ))
-            })?,
-        };
+        let source = self.snapshot_or_latest(from, id).await?;
         let m = source.manifest;
         let mut distinct: Vec<BlobRef> = m.files.iter().map(BlobRef::from).collect();
         distinct.sort_by_key(|b| b.hash);

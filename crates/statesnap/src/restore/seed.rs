@@ -81,15 +81,7 @@ pub async fn seed_store<F: StoreFormat, C: Changelog + ?Sized>(
             ),
         ));
     }
-    let source = match snapshot {
-        Some(id) => repo.get_snapshot(from, id).await?,
-        None => repo.latest(from).await?.ok_or_else(|| {
-            Error::not_found(format!(
-                "store has no snapshot to seed from store_key=`{from}`; list its snapshots with \
-                 `statesnap list`"
-            ))
-        })?,
-    };
+    let source = repo.snapshot_or_latest(from, snapshot).await?;
     if std::fs::symlink_metadata(scratch).is_ok() {
         return Err(Error::config(format!(
             "the scratch directory already exists path=`{}`; give a path that does not exist",
