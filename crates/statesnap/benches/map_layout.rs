@@ -19,19 +19,9 @@ mod common;
 
 use bytes::Bytes;
 use imbl::OrdMap;
+use statesnap::bench::SplitMix64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 fn key_bytes(i: u64) -> [u8; 16] {
     let mut k = [0u8; 16];
@@ -65,11 +55,11 @@ fn run<K: Clone + Ord, V: Clone>(n: u64, mk: impl Fn(u64, u64) -> (K, V)) -> (f6
     let mut drops = Vec::new();
     for round in 0..4u64 {
         let capture = round % 2 == 1;
-        let mut rng = Rng(round + 3);
+        let mut rng = SplitMix64(round + 3);
         let clone = capture.then(|| m.clone());
         let t = Instant::now();
         for _ in 0..writes {
-            let (k, v) = mk(rng.next() % n, rng.next());
+            let (k, v) = mk(rng.next_u64() % n, rng.next_u64());
             m.insert(k, v);
         }
         let ns = t.elapsed().as_nanos() as f64 / writes as f64;

@@ -21,8 +21,8 @@ pub use backup::{BackupComparison, rocks_vs_backup_engine};
 pub use delta::{DeltaCase, memory_delta};
 pub use replay::{ReplayCase, restore_vs_replay};
 pub use throughput::{
-    BATCH, Handoff, Rto, StoreType, Throughput, handoff, preload, restore_time_objective,
-    throughput,
+    BATCH, Handoff, Rto, SplitMix64, StoreType, Throughput, handoff, preload,
+    restore_time_objective, throughput,
 };
 
 use std::path::Path;

@@ -78,15 +78,14 @@ impl Kind for Rocks {
     }
 }
 
-/// splitmix64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+/// A seeded splitmix64 sequence, for reproducible workloads.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        crate::util::splitmix64(&mut self.0)
     }
 }
 
@@ -98,12 +97,12 @@ fn user(k: u64) -> Vec<u8> {
 /// duration.
 fn batch<F: StoreFormat, C: crate::Changelog>(
     h: &mut StateHandle<F, C>,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     keys: u64,
 ) -> Result<Duration> {
     for _ in 0..BATCH {
-        let k = rng.next() % keys.max(1);
-        let v = rng.next().to_le_bytes().repeat(12);
+        let k = rng.next_u64() % keys.max(1);
+        let v = rng.next_u64().to_le_bytes().repeat(12);
         h.put(user(k), v);
     }
     let t = Instant::now();
@@ -201,7 +200,7 @@ async fn throughput_k<K: Kind>(
     };
     let m = manager(dir, policy).await?;
     let mut h = m.open(K::spec(dir, "db")?).await?;
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64(7);
     let warm = Instant::now();
     while warm.elapsed() < Duration::from_secs(1) {
         batch(&mut h, &mut rng, keys)?;
@@ -273,7 +272,7 @@ async fn rto_k<K: Kind>(
         .max_restore_time(objective)
         .min_interval(Duration::from_millis(200));
     let m = manager(dir, policy).await?;
-    let mut rng = Rng(11);
+    let mut rng = SplitMix64(11);
     let max_run_ms = u64::try_from(max_run.as_millis())
         .unwrap_or(u64::MAX)
         .max(6);
@@ -286,7 +285,7 @@ async fn rto_k<K: Kind>(
     };
     let mut h = m.open(K::spec(dir, "db")?).await?;
     for _ in 0..crashes {
-        let run = Duration::from_millis(max_run_ms / 6 + rng.next() % (max_run_ms * 5 / 6));
+        let run = Duration::from_millis(max_run_ms / 6 + rng.next_u64() % (max_run_ms * 5 / 6));
         let start = Instant::now();
         while start.elapsed() < run {
             batch(&mut h, &mut rng, keys)?;
@@ -344,7 +343,7 @@ pub async fn handoff(store: StoreType, dir: &Path, keys: u64) -> Result<Handoff>
 async fn handoff_k<K: Kind>(dir: &Path, keys: u64) -> Result<Handoff> {
     let m = manager(dir, SnapshotPolicy::manual()).await?;
     let mut h = m.open(K::spec(dir, "db")?).await?;
-    let mut rng = Rng(13);
+    let mut rng = SplitMix64(13);
     for _ in 0..20 {
         batch(&mut h, &mut rng, keys)?;
     }

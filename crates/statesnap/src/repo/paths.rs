@@ -60,11 +60,7 @@ impl SeededEntropy {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        crate::util::splitmix64(&mut s)
     }
 }
 
