@@ -340,6 +340,14 @@ fn demo_dir(a: &DemoArgs) -> Result<PathBuf> {
             PathBuf::from(format!("statesnap-demo-{stamp}"))
         }
     };
+    // Absolute: the local repository's `file://` URL is made from it.
+    let dir = std::path::absolute(&dir).map_err(|e| {
+        Error::new(
+            ErrorKind::Io,
+            format!("cannot resolve the demo directory path=`{}`", dir.display()),
+        )
+        .with_source(e)
+    })?;
     if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
         return Err(Error::new(
             ErrorKind::Config,

@@ -825,6 +825,21 @@ fn the_demo_shows_snapshot_restore_beating_replay_with_equal_digests() {
         "{v}"
     );
     assert!(work.join("repo").exists(), "--keep keeps the directory");
+    // The README's command: no --dir, a new directory under the current
+    // one (relative), removed at the end.
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    statesnap()
+        .current_dir(&cwd)
+        .args(["demo", "--keys", "2000", "--updates-per-key", "5"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("digests equal"));
+    assert_eq!(
+        std::fs::read_dir(&cwd).unwrap().count(),
+        0,
+        "the default demo directory is removed"
+    );
 }
 
 /// `bench --quick`: every part runs, the files are written, and the figures
