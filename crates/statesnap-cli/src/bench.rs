@@ -150,6 +150,13 @@ fn rows(
         secs(b.restore_secs.theirs),
         times(b.restore_secs.ours, b.restore_secs.theirs),
     ]);
+    let d = b.restore_breakdown;
+    rows.push([
+        "restore breakdown: files in place (download, verify, fsync) + open".to_owned(),
+        format!("{} + {}", secs(d.transfer_secs), secs(d.open_secs)),
+        format!("{} (blake3 of the bytes in memory)", secs(d.hash_secs)),
+        String::new(),
+    ]);
     rows.push([
         "restore vs cp -r of the same files + fsync".to_owned(),
         secs(b.restore_vs_cp_secs.ours),

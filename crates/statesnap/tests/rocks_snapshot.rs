@@ -19,7 +19,7 @@ use statesnap::ErrorKind;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
 use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
 use statesnap::clock::{Clock, ManualClock, SystemClock};
-use statesnap::format::rocks::RocksFormat;
+use statesnap::format::rocks::{CompactionPolicy, RocksFormat};
 use statesnap::format::{RestoreStats, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::repo::{FileEntry, GcOptions, Manifest, Repository, StoreKey};
@@ -809,7 +809,7 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
 }
 
 #[test]
-fn capture_reads_offset_from_checkpoint_even_without_wal() {
+fn capture_offset_is_that_of_the_checkpoint_contents_even_without_wal() {
     let rt = rt();
     let dir = tempfile::tempdir().unwrap();
     let o = RocksOptions {
@@ -879,4 +879,101 @@ fn restore_progress_counts_every_byte_read_and_every_record_replayed() {
     assert_eq!(done, report.replay.records, "{report:?}");
     assert_eq!(total, report.replay.records, "{report:?}");
     assert!(done > 0);
+}
+
+/// A store left with four overlapping runs of the same keys (auto
+/// compactions off) snapshots at ~4x its live data unless the checkpoint is
+/// compacted first. With the policy on, the snapshot is within the bound,
+/// restores exactly, the live store is untouched, and the next snapshot —
+/// inside the policy's interval, so not compacted — is incremental over the
+/// compacted parent and restores exactly too. Without the policy, the
+/// snapshot carries the amplification.
+#[test]
+fn a_space_amplified_checkpoint_is_compacted_before_upload_and_restores_exactly() {
+    let rt = rt();
+    for compact in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (repo, _) = memory_repo();
+        let policy = CompactionPolicy {
+            max_space_amplification: 1.3,
+            min_bytes: 0,
+            min_interval: Duration::from_secs(3600),
+        };
+        let format = RocksFormat::new(opts()).with_compaction(compact.then_some(policy));
+        let mut store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
+        store
+            .db()
+            .set_options(&[("disable_auto_compactions", "true")])
+            .unwrap();
+        let log = test_log(dir.path());
+        let mut model = Model::new();
+        for seed in 1..=4 {
+            fill(&log, &mut store, &mut model, 0..5000, seed);
+            store.flush().unwrap();
+        }
+        let cut = format.capture(&store).unwrap();
+        let amplification = cut.space_amplification();
+        assert!(amplification > 2.5, "{amplification}");
+        let live_before: BTreeSet<String> = store
+            .db()
+            .live_files()
+            .unwrap()
+            .into_iter()
+            // The metadata family still compacts on its own.
+            .filter(|f| f.column_family_name == "default")
+            .map(|f| f.name)
+            .collect();
+        let m = rt
+            .block_on(commit_snapshot(&format, cut, &repo, &sk(), &log, None))
+            .unwrap();
+        let snap_bytes: u64 = ssts(&m).map(|f| f.size).sum();
+        let ratio = snap_bytes as f64 / m.stats.logical_bytes as f64;
+        assert_eq!(
+            m.format_metadata["compacted"].is_object(),
+            compact,
+            "{}",
+            m.format_metadata
+        );
+        if compact {
+            assert!(
+                ratio <= 1.3,
+                "compacted snapshot at {ratio:.2}x its live data"
+            );
+            let before = m.format_metadata["compacted"]["sst_bytes_before"]
+                .as_u64()
+                .unwrap();
+            assert!(before > 2 * snap_bytes, "{before} vs {snap_bytes}");
+        } else {
+            assert!(ratio > 2.5, "{ratio}");
+        }
+        // The live store kept its own files and contents.
+        for name in &live_before {
+            assert!(
+                store.path().join(name.trim_start_matches('/')).exists(),
+                "{name}"
+            );
+        }
+        assert_eq!(contents(&store), model);
+        let (st, _) = rt
+            .block_on(restore_snapshot(&format, &m, &repo, &dir.path().join("r1")))
+            .unwrap();
+        assert_eq!(contents(&st), model);
+        assert_eq!(st.applied_offset().unwrap(), Some(m.changelog.offset));
+        drop(st);
+
+        // Inside the interval: not compacted again, incremental, exact.
+        fill(&log, &mut store, &mut model, (0..5000).step_by(10), 9);
+        let m2 = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, Some(&m)));
+        assert!(m2.format_metadata.get("compacted").is_none());
+        assert_eq!(m2.parent, Some(m.snapshot_id));
+        let (st, _) = rt
+            .block_on(restore_snapshot(
+                &format,
+                &m2,
+                &repo,
+                &dir.path().join("r2"),
+            ))
+            .unwrap();
+        assert_eq!(contents(&st), model);
+    }
 }

@@ -45,6 +45,22 @@ pub struct BackupComparison {
     pub cp_nosync_secs: f64,
     /// The restored snapshot's bytes.
     pub restored_bytes: u64,
+    /// Where a restore's time goes (medians over the runs).
+    pub restore_breakdown: RestoreBreakdown,
+}
+
+/// A restore's time split by phase, seconds (medians over the runs).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RestoreBreakdown {
+    /// Every file downloaded, verified and fsynced into staging
+    /// ([`RestoreStats::transfer`](crate::format::RestoreStats::transfer)).
+    pub transfer_secs: f64,
+    /// Staging renamed into place, the store opened and its offset checked
+    /// ([`RestoreStats::open`](crate::format::RestoreStats::open)).
+    pub open_secs: f64,
+    /// For scale: blake3 over the same bytes already in memory (the
+    /// verification's share of `transfer_secs` if nothing overlapped).
+    pub hash_secs: f64,
 }
 
 fn rocks(what: &str) -> impl FnOnce(rocksdb::Error) -> Error + '_ {
@@ -166,6 +182,8 @@ pub async fn rocks_vs_backup_engine(
             .map_err(io("copy blob for cp -r"))?;
     }
     let (mut ours, mut theirs, mut cp, mut cp_nosync) = (vec![], vec![], vec![], vec![]);
+    let (mut transfer, mut open, mut hash) = (vec![], vec![], vec![]);
+    let hash_input = read_files(&cp_src)?;
     for _ in 0..runs.max(1) {
         let target = dir.join("restore-ours");
         remove(&target)?;
@@ -174,10 +192,18 @@ pub async fn rocks_vs_backup_engine(
             target: &target,
         };
         let started = std::time::Instant::now();
-        let restored = format.restore(&inc, ctx).await?;
+        let (restored, stats) = format.restore(&inc, ctx).await?;
         let d = started.elapsed();
         drop(restored);
         ours.push(d);
+        transfer.push(stats.transfer);
+        open.push(stats.open);
+        let ((), d) = timed(|| {
+            for b in &hash_input {
+                std::hint::black_box(blake3::hash(b));
+            }
+        });
+        hash.push(d);
         remove(&target)?;
 
         let r_be = dir.join("restore-be");
@@ -238,5 +264,20 @@ pub async fn rocks_vs_backup_engine(
         },
         cp_nosync_secs: secs(median(cp_nosync)),
         restored_bytes,
+        restore_breakdown: RestoreBreakdown {
+            transfer_secs: secs(median(transfer)),
+            open_secs: secs(median(open)),
+            hash_secs: secs(median(hash)),
+        },
     })
+}
+
+/// The contents of every file in `dir`.
+fn read_files(dir: &Path) -> Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(io("read hash source"))? {
+        let e = e.map_err(io("read hash source"))?;
+        out.push(std::fs::read(e.path()).map_err(io("read file to hash"))?);
+    }
+    Ok(out)
 }

@@ -17,7 +17,7 @@ mod delta;
 mod replay;
 mod throughput;
 
-pub use backup::{BackupComparison, rocks_vs_backup_engine};
+pub use backup::{BackupComparison, RestoreBreakdown, rocks_vs_backup_engine};
 pub use delta::{DeltaCase, memory_delta};
 pub use replay::{ReplayCase, restore_vs_replay};
 pub use throughput::{

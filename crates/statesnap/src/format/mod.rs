@@ -78,6 +78,12 @@ pub struct RestoreContext<'a> {
 /// What a format's `restore` did, for the restore report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RestoreStats {
+    /// Wall time until every file was in place — downloaded and verified,
+    /// or reused locally — and durable (fsynced). Zero when a format does
+    /// not split its time (the portable format loads while it downloads).
+    pub transfer: std::time::Duration,
+    /// Wall time to put the restored files in place and open the store.
+    pub open: std::time::Duration,
     /// Bytes downloaded from the repository.
     pub bytes_downloaded: u64,
     /// Bytes reused from files already present locally.

@@ -6,10 +6,14 @@
 //! [`StoreFormat::capture`] creates a RocksDB checkpoint (memtables of both
 //! column families flushed atomically, SST files hard-linked) in a staging
 //! directory on the store's filesystem — by default
-//! `<store path>.statesnap-staging/checkpoint-<uuid>`. The applied offset and
-//! the key/byte statistics are then read *from the checkpoint itself* (opened
-//! read-only with statesnap's column families), so the snapshot's offset is
-//! exactly that of its contents (design invariant 2). The [`RocksCut`] owns
+//! `<store path>.statesnap-staging/checkpoint-<uuid>`. The applied offset, the
+//! changelog binding and the key/byte statistics are read from the live store
+//! right after the checkpoint, under the same shared borrow: every write to a
+//! [`RocksStore`] takes `&mut`, so none can come between the read and the
+//! checkpoint, and the offset is exactly that of the checkpoint's contents
+//! (design invariant 2). (Earlier versions opened the checkpoint read-only to
+//! read them — 2 to 8 ms per snapshot, most of an incremental snapshot's
+//! fixed cost, for the same answer.) The [`RocksCut`] owns
 //! the directory and removes it when dropped, whether the snapshot succeeded
 //! or not; checkpoints left by a crashed process are removed by the next
 //! capture or restore.
@@ -35,6 +39,40 @@
 //!
 //! Uploads run concurrently, bounded by the repository's
 //! [`TransferOptions::parallelism`](crate::repo::TransferOptions).
+//!
+//! # Space amplification
+//!
+//! An LSM store holds more bytes than its live data: overwritten and deleted
+//! values sit in level 0 and the upper levels until compaction reaches them,
+//! and a capture flushes the memtables on top. Under a write rate compaction
+//! cannot keep up with (two cores, ten updates per key) a checkpoint of 110
+//! MB of live data measured 415 MB. Shipping that makes every upload,
+//! restore and stored byte 3.8x dearer.
+//!
+//! So the write step measures the cut's space amplification — its SST bytes
+//! over RocksDB's `estimate-live-data-size` read at capture — and when it is
+//! above [`CompactionPolicy::max_space_amplification`] (default 1.3) it
+//! compacts the *checkpoint* before uploading it: the checkpoint is opened
+//! read-write in the background and fully compacted, which writes new files
+//! into the checkpoint directory and unlinks its hard links. The live store's
+//! files are never touched and the processing thread never waits (the
+//! capture stays a flush and a hard-link checkpoint). Measured on the case
+//! above: 415 MB became 115 MB in about 1.1 s of background work, and a
+//! restore of it took 0.07 s instead of 0.13–0.4 s.
+//!
+//! What it costs, and the bounds on it: a compacted checkpoint's files are
+//! new, so that snapshot uploads the live data in full, and the next one
+//! uploads the live store's own files once more (afterwards snapshots are
+//! incremental again). [`CompactionPolicy::min_interval`] (default 10 min)
+//! allows one compacted snapshot per store incarnation per interval, so a
+//! store snapshotted every second pays that at most once per interval;
+//! [`CompactionPolicy::min_bytes`] (default 32 MiB) skips stores too small to
+//! matter. RocksDB's live-data estimate counts overlapping files once, so a
+//! store whose newest files overlap without overwriting looks amplified too;
+//! the compaction then saves nothing and is bounded the same way. The
+//! manifest's format metadata records `space_amplification`, and
+//! `compacted` (bytes before and after, seconds) when it happened.
+//! [`RocksFormat::with_compaction`]`(None)` turns it off.
 //!
 //! # Restore
 //!
@@ -100,6 +138,8 @@ pub const HASH_CACHE_INCARNATIONS: usize = 64;
 #[derive(Debug, Default)]
 struct HashCache {
     by_incarnation: HashMap<uuid::Uuid, HashMap<(String, u64), BlobHash>>,
+    /// When each incarnation last had a checkpoint compacted.
+    compacted_at: HashMap<uuid::Uuid, std::time::Instant>,
     /// Least recently used first.
     order: std::collections::VecDeque<uuid::Uuid>,
 }
@@ -130,8 +170,31 @@ impl HashCache {
         while self.order.len() > HASH_CACHE_INCARNATIONS {
             if let Some(old) = self.order.pop_front() {
                 self.by_incarnation.remove(&old);
+                self.compacted_at.remove(&old);
             }
         }
+    }
+
+    /// Whether `inc` may have a checkpoint compacted now (none in the last
+    /// `interval`); if so, records that it does.
+    fn claim_compaction(&mut self, inc: uuid::Uuid, interval: std::time::Duration) -> bool {
+        let now = std::time::Instant::now();
+        if self
+            .compacted_at
+            .get(&inc)
+            .is_some_and(|t| now.duration_since(*t) < interval)
+        {
+            return false;
+        }
+        self.compacted_at.insert(inc, now);
+        self.touch(inc);
+        while self.order.len() > HASH_CACHE_INCARNATIONS {
+            if let Some(old) = self.order.pop_front() {
+                self.by_incarnation.remove(&old);
+                self.compacted_at.remove(&old);
+            }
+        }
+        true
     }
 
     fn incarnations(&self) -> usize {
@@ -147,6 +210,7 @@ pub struct RocksFormat {
     options: RocksOptions,
     staging_root: Option<PathBuf>,
     cache: Arc<Mutex<HashCache>>,
+    compaction: Option<CompactionPolicy>,
 }
 
 impl Default for RocksFormat {
@@ -166,6 +230,16 @@ pub struct RocksCut {
     keys: u64,
     logical_bytes: u64,
     incarnation: uuid::Uuid,
+    /// Set once the write step compacted the checkpoint: its files are no
+    /// longer the live store's.
+    compacted: Option<Compacted>,
+}
+
+/// What compacting a checkpoint did.
+#[derive(Debug, Clone, Copy)]
+struct Compacted {
+    sst_bytes_before: u64,
+    secs: f64,
 }
 
 impl RocksCut {
@@ -182,6 +256,48 @@ impl RocksCut {
     /// The incarnation of the store it was taken from.
     pub fn incarnation(&self) -> uuid::Uuid {
         self.incarnation
+    }
+
+    /// Bytes of its SST and blob files.
+    pub fn sst_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|(n, _)| is_immutable(n))
+            .map(|(_, s)| s)
+            .sum()
+    }
+
+    /// Its space amplification: SST bytes over the store's estimated live
+    /// data (RocksDB's `estimate-live-data-size`, read at capture).
+    pub fn space_amplification(&self) -> f64 {
+        self.sst_bytes() as f64 / self.logical_bytes.max(1) as f64
+    }
+}
+
+/// When the write step compacts a checkpoint before uploading it (see the
+/// module docs, "Space amplification").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompactionPolicy {
+    /// Compact a checkpoint whose SST bytes exceed this multiple of the
+    /// store's live data (default 1.3).
+    pub max_space_amplification: f64,
+    /// Never compact a checkpoint of fewer SST bytes (default 32 MiB: the
+    /// restore time saved would not pay for the rewrite).
+    pub min_bytes: u64,
+    /// At most one compacted snapshot per store incarnation in this interval
+    /// (default 10 minutes). Each one rewrites and uploads the live data
+    /// once, and the next snapshot uploads the live store's own files once
+    /// more; the interval bounds that cost for frequent snapshots.
+    pub min_interval: std::time::Duration,
+}
+
+impl Default for CompactionPolicy {
+    fn default() -> Self {
+        CompactionPolicy {
+            max_space_amplification: 1.3,
+            min_bytes: 32 << 20,
+            min_interval: std::time::Duration::from_secs(600),
+        }
     }
 }
 
@@ -247,7 +363,84 @@ impl RocksFormat {
             options,
             staging_root: None,
             cache: Arc::new(Mutex::new(HashCache::default())),
+            compaction: Some(CompactionPolicy::default()),
         }
+    }
+
+    /// When snapshots are compacted before upload; `None` never compacts
+    /// (snapshots then carry the store's space amplification as it is).
+    pub fn with_compaction(mut self, policy: Option<CompactionPolicy>) -> Self {
+        self.compaction = policy;
+        self
+    }
+
+    /// The compaction policy.
+    pub fn compaction(&self) -> Option<&CompactionPolicy> {
+        self.compaction.as_ref()
+    }
+
+    /// Compacts the cut's checkpoint in place if the policy asks for it.
+    /// The checkpoint is this cut's own directory of hard links: compacting
+    /// it writes new files there and unlinks its links, and the live
+    /// store's files are never touched.
+    async fn compact_if_amplified(&self, cut: &mut RocksCut) -> Result<()> {
+        let Some(policy) = self.compaction else {
+            return Ok(());
+        };
+        let before = cut.sst_bytes();
+        if before < policy.min_bytes || cut.space_amplification() <= policy.max_space_amplification
+        {
+            return Ok(());
+        }
+        if !self
+            .lock_cache()
+            .claim_compaction(cut.incarnation, policy.min_interval)
+        {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let (opts, cfs) = self.cf_descriptors();
+        let dir = cut.dir.clone();
+        let expected = cut.offset;
+        let files = blocking(move || {
+            let db = DB::open_cf_descriptors(&opts, &dir, cfs)
+                .map_err(|e| rocks_error("open checkpoint to compact", &dir, e))?;
+            for name in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF] {
+                let cf = db.cf_handle(name).ok_or_else(|| {
+                    Error::corrupt(format!(
+                        "checkpoint has no column family `{name}` path=`{}`",
+                        dir.display()
+                    ))
+                })?;
+                db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
+            }
+            // Same contents, same offset: anything else is a bug here.
+            let offset = read_applied_offset(&db, &dir)?;
+            if offset != expected {
+                return Err(Error::internal(format!(
+                    "compacting a checkpoint changed its offset path=`{}` before={expected:?} \
+                     after={offset:?}",
+                    dir.display()
+                )));
+            }
+            drop(db);
+            list_checkpoint(&dir)
+        })
+        .await?;
+        cut.files = files;
+        let secs = started.elapsed().as_secs_f64();
+        tracing::info!(
+            path = %cut.dir.display(),
+            sst_bytes_before = before,
+            sst_bytes_after = cut.sst_bytes(),
+            secs,
+            "compacted a space-amplified checkpoint before upload"
+        );
+        cut.compacted = Some(Compacted {
+            sst_bytes_before: before,
+            secs,
+        });
+        Ok(())
     }
 
     /// Stages checkpoints under `root` instead. It must be on the store's
@@ -312,36 +505,13 @@ impl RocksFormat {
         (opts, cfs)
     }
 
-    /// Reads offset, binding and statistics from a checkpoint, opened
+    /// Reads offset, binding and statistics from a store directory, opened
     /// read-only.
     fn read_checkpoint(&self, dir: &Path) -> Result<CheckpointInfo> {
         let (opts, cfs) = self.cf_descriptors();
         let db = DB::open_cf_descriptors_read_only(&opts, dir, cfs, false)
             .map_err(|e| rocks_error("open checkpoint read-only", dir, e))?;
-        let offset = read_applied_offset(&db, dir)?;
-        let binding = read_binding(&db, dir)?;
-        let cf = db
-            .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
-            .ok_or_else(|| {
-                Error::corrupt(format!(
-                    "checkpoint has no default column family path=`{}`",
-                    dir.display()
-                ))
-            })?;
-        let prop = |name: &str| -> Result<u64> {
-            Ok(db
-                .property_int_value_cf(cf, name)
-                .map_err(|e| rocks_error("property", dir, e))?
-                .unwrap_or(0))
-        };
-        let keys = prop("rocksdb.estimate-num-keys")?;
-        let bytes = prop("rocksdb.estimate-live-data-size")?;
-        Ok(CheckpointInfo {
-            offset,
-            binding,
-            keys,
-            bytes,
-        })
+        read_info(&db, dir)
     }
 
     fn seed_cache(&self, incarnation: uuid::Uuid, files: &[FileEntry]) {
@@ -376,6 +546,57 @@ impl RocksFormat {
             Ok(store)
         })
     }
+}
+
+/// The files of a checkpoint that belong in a snapshot: name and size,
+/// sorted by name.
+fn list_checkpoint(dir: &Path) -> Result<Vec<(String, u64)>> {
+    let mut files = Vec::new();
+    let rd = std::fs::read_dir(dir).map_err(|e| io_err("list checkpoint", dir, e))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| io_err("list checkpoint", dir, e))?;
+        let meta = entry
+            .metadata()
+            .map_err(|e| io_err("stat checkpoint file", &entry.path(), e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if meta.is_file() && snapshot_file(&name) {
+            files.push((name, meta.len()));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Offset, binding and statistics of an open database.
+fn read_info(db: &DB, dir: &Path) -> Result<CheckpointInfo> {
+    let offset = read_applied_offset(db, dir)?;
+    let binding = read_binding(db, dir)?;
+    let cf = db
+        .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
+        .ok_or_else(|| {
+            Error::corrupt(format!(
+                "store has no default column family path=`{}`",
+                dir.display()
+            ))
+        })?;
+    let prop = |name: &str| -> Result<u64> {
+        Ok(db
+            .property_int_value_cf(cf, name)
+            .map_err(|e| rocks_error("property", dir, e))?
+            .unwrap_or(0))
+    };
+    let keys = prop("rocksdb.estimate-num-keys")?;
+    let bytes = prop("rocksdb.estimate-live-data-size")?;
+    Ok(CheckpointInfo {
+        offset,
+        binding,
+        keys,
+        bytes,
+    })
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -458,6 +679,7 @@ impl StoreFormat for RocksFormat {
             keys: 0,
             logical_bytes: 0,
             incarnation: store.incarnation(),
+            compacted: None,
         };
         let cp = rocksdb::checkpoint::Checkpoint::new(store.db())
             .map_err(|e| rocks_error("checkpoint", store.path(), e))?;
@@ -465,19 +687,11 @@ impl StoreFormat for RocksFormat {
         // families) so the checkpoint is complete even with the WAL off.
         cp.create_checkpoint_with_log_size(&cut.dir, 0)
             .map_err(|e| rocks_error("checkpoint", &cut.dir, e))?;
-        let rd = std::fs::read_dir(&cut.dir).map_err(|e| io_err("list checkpoint", &cut.dir, e))?;
-        for entry in rd {
-            let entry = entry.map_err(|e| io_err("list checkpoint", &cut.dir, e))?;
-            let meta = entry
-                .metadata()
-                .map_err(|e| io_err("stat checkpoint file", &entry.path(), e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if meta.is_file() && snapshot_file(&name) {
-                cut.files.push((name, meta.len()));
-            }
-        }
-        cut.files.sort();
-        let info = self.read_checkpoint(&cut.dir)?;
+        // Read under the same borrow as the checkpoint: writes need `&mut`,
+        // so the checkpoint holds exactly what these describe (module docs).
+        // After it, so the statistics count the memtables it flushed.
+        let info = read_info(store.db(), store.path())?;
+        cut.files = list_checkpoint(&cut.dir)?;
         cut.offset = info.offset;
         cut.binding = info.binding;
         cut.keys = info.keys;
@@ -514,7 +728,9 @@ impl StoreFormat for RocksFormat {
         Ok(Some(d))
     }
 
-    async fn write(&self, cut: RocksCut, ctx: WriteContext<'_>) -> Result<FormatOutput> {
+    async fn write(&self, mut cut: RocksCut, ctx: WriteContext<'_>) -> Result<FormatOutput> {
+        let amplification = cut.space_amplification();
+        self.compact_if_amplified(&mut cut).await?;
         let repo = ctx.repo;
         let sk = ctx.store_key;
         let mut parent_by_hash: HashMap<BlobHash, &FileEntry> = HashMap::new();
@@ -528,7 +744,9 @@ impl StoreFormat for RocksFormat {
             cut.files
                 .iter()
                 .map(|(name, size)| {
-                    let plan = if !is_immutable(name) {
+                    // A compacted checkpoint's files are new: their names may
+                    // repeat the live store's with other bytes.
+                    let plan = if !is_immutable(name) || cut.compacted.is_some() {
                         Plan::Upload
                     } else if let Some(h) = cache.get(cut.incarnation, name, *size) {
                         match parent_by_hash.get(&h) {
@@ -608,9 +826,11 @@ impl StoreFormat for RocksFormat {
             }
             hashes.push(entry);
         }
-        {
+        if cut.compacted.is_none() {
             // Remember this incarnation's hashes for the next snapshot; forget
-            // its files that are gone (compacted away).
+            // its files that are gone (compacted away). A compacted
+            // checkpoint's files are not the live store's: what the cache
+            // knows of those stays.
             self.lock_cache().replace(
                 cut.incarnation,
                 hashes
@@ -624,10 +844,18 @@ impl StoreFormat for RocksFormat {
             logical_bytes: cut.logical_bytes,
             ..SnapshotStats::default()
         };
-        let format_metadata = serde_json::json!({
+        let mut format_metadata = serde_json::json!({
             "writer_incarnation": cut.incarnation.hyphenated().to_string(),
             "sst_files": sst_files,
+            "space_amplification": round3(amplification),
         });
+        if let Some(c) = cut.compacted {
+            format_metadata["compacted"] = serde_json::json!({
+                "sst_bytes_before": c.sst_bytes_before,
+                "sst_bytes_after": cut.sst_bytes(),
+                "secs": round3(c.secs),
+            });
+        }
         drop(cut);
         Ok(FormatOutput {
             writer,
@@ -660,6 +888,7 @@ impl StoreFormat for RocksFormat {
         std::fs::create_dir(&staging)
             .map_err(|e| io_err("create staging directory", &staging, e))?;
 
+        let started = std::time::Instant::now();
         let mut stats = RestoreStats::default();
         let mut downloads: Vec<(FileEntry, PathBuf)> = Vec::new();
         let mut candidates: Vec<(FileEntry, PathBuf, PathBuf)> = Vec::new();
@@ -704,7 +933,9 @@ impl StoreFormat for RocksFormat {
         crate::store::mark_store_dir(&staging)?;
         // Every file is fsynced by the download; the directory entries too.
         sync_dir(&staging)?;
+        stats.transfer = started.elapsed();
 
+        let started = std::time::Instant::now();
         let this = self.clone();
         let manifest_c = manifest.clone();
         let staging_c = staging.clone();
@@ -714,6 +945,7 @@ impl StoreFormat for RocksFormat {
         guard.armed = false;
         drop(guard);
         self.seed_cache(store.incarnation(), &manifest.files);
+        stats.open = started.elapsed();
         Ok((store, stats))
     }
 

@@ -176,7 +176,12 @@ impl RocksStore {
         self.incarnation
     }
 
-    /// The RocksDB handle, for snapshot code (checkpoints, live files).
+    /// The RocksDB handle, for snapshot code (checkpoints, live files,
+    /// properties). Read through it freely; a write through it bypasses the
+    /// applied offset (design invariant 2) — write with
+    /// [`StateStore::apply`](super::StateStore::apply), which takes `&mut`.
+    /// Snapshots rely on that: a capture reads the offset and checkpoints
+    /// under one shared borrow.
     pub fn db(&self) -> &DB {
         &self.db
     }
