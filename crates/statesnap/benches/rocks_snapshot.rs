@@ -106,9 +106,12 @@ fn main() {
             .block_on(bench::restore_vs_replay(dir, replay_keys, updates))
             .unwrap();
         println!(
-            "replay case: {replay_keys} keys x {updates} updates = {} records, snapshot {:.1} MB",
+            "replay case: {replay_keys} keys x {updates} updates = {} records, snapshot {:.1} MB; \
+             restore = files in place {:.3} s + open {:.3} s",
             r.records,
-            mb(r.snapshot_bytes as f64)
+            mb(r.snapshot_bytes as f64),
+            r.restore_transfer_secs,
+            r.restore_open_secs
         );
         rows.push((
             format!("restore from snapshot vs full replay ({updates} updates/key)"),

@@ -32,6 +32,10 @@ pub struct ReplayCase {
     /// Restore from the snapshot (verified, opened, tail replayed: none
     /// here), seconds.
     pub restore_secs: f64,
+    /// Of `restore_secs`: every file downloaded, verified and fsynced.
+    pub restore_transfer_secs: f64,
+    /// Of `restore_secs`: staging renamed into place and the store opened.
+    pub restore_open_secs: f64,
     /// Rebuilding the store by replaying the whole changelog, seconds.
     pub replay_secs: f64,
 }
@@ -81,6 +85,7 @@ pub async fn restore_vs_replay(dir: &Path, keys: u64, updates_per_key: u64) -> R
     )
     .await?;
     let restore = started.elapsed();
+    let breakdown = report.transfer;
     drop(restored);
     if report.snapshot != Some(m.snapshot_id) {
         return Err(Error::new(
@@ -120,6 +125,8 @@ pub async fn restore_vs_replay(dir: &Path, keys: u64, updates_per_key: u64) -> R
         records,
         snapshot_bytes: m.files.iter().map(|f| f.size).sum(),
         restore_secs: restore.as_secs_f64(),
+        restore_transfer_secs: breakdown.transfer.as_secs_f64(),
+        restore_open_secs: breakdown.open.as_secs_f64(),
         replay_secs: replay.as_secs_f64(),
     })
 }

@@ -66,7 +66,7 @@
 //! incremental again). [`CompactionPolicy::min_interval`] (default 10 min)
 //! allows one compacted snapshot per store incarnation per interval, so a
 //! store snapshotted every second pays that at most once per interval;
-//! [`CompactionPolicy::min_bytes`] (default 32 MiB) skips stores too small to
+//! [`CompactionPolicy::min_bytes`] (default 4 MiB) skips stores too small to
 //! matter. RocksDB's live-data estimate counts overlapping files once, so a
 //! store whose newest files overlap without overwriting looks amplified too;
 //! the compaction then saves nothing and is bounded the same way. The
@@ -281,8 +281,9 @@ pub struct CompactionPolicy {
     /// Compact a checkpoint whose SST bytes exceed this multiple of the
     /// store's live data (default 1.3).
     pub max_space_amplification: f64,
-    /// Never compact a checkpoint of fewer SST bytes (default 32 MiB: the
-    /// restore time saved would not pay for the rewrite).
+    /// Never compact a checkpoint of fewer SST bytes (default 4 MiB: below
+    /// that a restore is mostly fixed costs, and the bytes saved do not pay
+    /// for the rewrite).
     pub min_bytes: u64,
     /// At most one compacted snapshot per store incarnation in this interval
     /// (default 10 minutes). Each one rewrites and uploads the live data
@@ -295,7 +296,7 @@ impl Default for CompactionPolicy {
     fn default() -> Self {
         CompactionPolicy {
             max_space_amplification: 1.3,
-            min_bytes: 32 << 20,
+            min_bytes: 4 << 20,
             min_interval: std::time::Duration::from_secs(600),
         }
     }
