@@ -279,7 +279,7 @@ mod tests {
                 .map(|_| {
                     let x = crate::util::splitmix64(&mut seed);
                     let key = Bytes::from(format!("k{}", x % 40));
-                    if x % 5 == 0 {
+                    if x.is_multiple_of(5) {
                         Record::delete(key)
                     } else {
                         Record::put(key, vec![b'v'; (x % 17) as usize])
