@@ -29,6 +29,7 @@ fn transfer() -> TransferOptions {
         parallelism: 2,
         multipart_threshold: 64 << 10,
         part_size: 32 << 10,
+        download_part_size: 16 << 10,
     }
 }
 

@@ -15,11 +15,16 @@
 mod backup;
 mod delta;
 mod replay;
+mod scale;
 mod throughput;
 
 pub use backup::{BackupComparison, RestoreBreakdown, rocks_vs_backup_engine};
 pub use delta::{DeltaCase, memory_delta};
 pub use replay::{ReplayCase, restore_vs_replay};
+pub use scale::{
+    ConcurrentRestores, ScalePoint, TransportComparison, concurrent_restores, restore_vs_raw_get,
+    scale_point,
+};
 pub use throughput::{
     BATCH, Handoff, Rto, SplitMix64, StoreType, Throughput, handoff, preload,
     restore_time_objective, throughput,

@@ -222,8 +222,10 @@ pub async fn large_blob_uses_multipart(repo: &Repository) {
     assert!(staging.is_empty(), "staging left behind: {staging:?}");
 }
 
-/// A flipped byte or a truncation is a corrupt error naming the blob;
-/// nothing is left at the destination.
+/// A flipped byte, a truncation or extra bytes are a corrupt error naming
+/// the blob, whole or downloaded in ranges (16 KiB: seven ranges);
+/// nothing is left at the destination. Intact, the ranged download
+/// round-trips.
 pub async fn corrupt_blob_is_detected(repo: &Repository) {
     let sk = sk("corrupt", 0);
     let data = pattern(100_000, 3);
@@ -232,13 +234,27 @@ pub async fn corrupt_blob_is_detected(repo: &Repository) {
         .await
         .expect("put");
     let key = paths::blob(&sk, &out.blob.hash);
-    let mut flipped = data.clone();
-    flipped[50_000] ^= 0x01;
+    let ranged = repo.clone().with_transfer(crate::repo::TransferOptions {
+        parallelism: 4,
+        download_part_size: 16 << 10,
+        ..*repo.transfer()
+    });
     let dir = tempfile::tempdir().expect("tempdir");
     let dest = dir.path().join("x.sst");
+    ranged
+        .get_blob_to_file(&sk, &out.blob, &dest)
+        .await
+        .expect("ranged download");
+    assert_eq!(std::fs::read(&dest).expect("read back"), data);
+    std::fs::remove_file(&dest).expect("remove");
+    let mut flipped = data.clone();
+    flipped[50_000] ^= 0x01;
+    let mut longer = data.clone();
+    longer.extend_from_slice(b"trailing");
     for (damage, stored) in [
         ("flipped", flipped.clone()),
         ("truncated", data[..99_000].to_vec()),
+        ("longer", longer),
     ] {
         repo.object_store()
             .put(&key, PutPayload::from(stored))
@@ -262,6 +278,17 @@ pub async fn corrupt_blob_is_detected(repo: &Repository) {
             std::fs::read_dir(dir.path()).expect("readdir").count(),
             0,
             "{damage}: partial file left"
+        );
+        let e = ranged
+            .get_blob_to_file(&sk, &out.blob, &dest)
+            .await
+            .expect_err(damage);
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{damage}, in ranges: {e}");
+        assert!(e.message().contains(key.as_ref()), "{damage}: {e}");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("readdir").count(),
+            0,
+            "{damage}, in ranges: partial file left"
         );
     }
 }

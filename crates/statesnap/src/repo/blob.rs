@@ -43,6 +43,13 @@ pub struct TransferOptions {
     pub multipart_threshold: usize,
     /// Multipart part size (S3 needs at least 5 MiB). Default 8 MiB.
     pub part_size: usize,
+    /// Downloads of blobs larger than this are split into ranges of this
+    /// size fetched concurrently (up to `parallelism` per blob), each range
+    /// hashed on its own and the hashes merged along BLAKE3's tree, so a
+    /// large file is verified as it arrives without one task reading it
+    /// all. Rounded down to a power of two of at least 1 KiB (BLAKE3's
+    /// subtrees). Default 16 MiB.
+    pub download_part_size: usize,
 }
 
 impl Default for TransferOptions {
@@ -51,6 +58,7 @@ impl Default for TransferOptions {
             parallelism: 8,
             multipart_threshold: 8 << 20,
             part_size: 8 << 20,
+            download_part_size: 16 << 20,
         }
     }
 }
@@ -413,6 +421,10 @@ impl Repository {
         blob: &BlobRef,
         tmp: &std::path::Path,
     ) -> Result<()> {
+        let part = ranged::part_size(self.transfer.download_part_size);
+        if self.transfer.parallelism > 1 && blob.size > part {
+            return self.download_ranged(sk, blob, tmp, part).await;
+        }
         let mut r = self.open_blob(sk, blob).await?;
         let file = tokio::fs::File::create(tmp)
             .await
@@ -426,6 +438,115 @@ impl Repository {
         // fsync before the rename so a crash never leaves a verified name
         // pointing at unwritten bytes.
         w.get_mut().sync_all().await.map_err(werr)
+    }
+
+    /// [`download_to`](Self::download_to) in ranges of `part` bytes, up to
+    /// `parallelism` at once, each written at its offset and hashed as a
+    /// BLAKE3 subtree; the subtree hashes are merged and compared with the
+    /// blob's at the end (before the fsync, which only verified bytes get).
+    async fn download_ranged(
+        &self,
+        sk: &StoreKey,
+        blob: &BlobRef,
+        tmp: &std::path::Path,
+        part: u64,
+    ) -> Result<()> {
+        let key = paths::blob(sk, &blob.hash);
+        let werr = |e| Error::io(format!("cannot write file path=`{}`", tmp.display()), e);
+        let file = tokio::fs::File::create(tmp)
+            .await
+            .map_err(|e| Error::io(format!("cannot create file path=`{}`", tmp.display()), e))?;
+        file.set_len(blob.size).await.map_err(werr)?;
+        let ranges: Vec<std::ops::Range<u64>> = (0..blob.size.div_ceil(part))
+            .map(|i| i * part..((i + 1) * part).min(blob.size))
+            .collect();
+        // `buffered` keeps the ranges' order: the merge needs it.
+        let cvs: Vec<blake3::hazmat::ChainingValue> = futures::stream::iter(ranges)
+            .map(|range| self.fetch_range(&key, blob, tmp, range))
+            .buffered(self.transfer.parallelism.max(1))
+            .try_collect()
+            .await?;
+        let actual = ranged::merge(&cvs).ok_or_else(|| {
+            Error::internal(format!("ranged download of a one-range blob key=`{key}`"))
+        })?;
+        if actual != blob.hash {
+            return Err(Error::corrupt(format!(
+                "blob hash mismatch key=`{key}` expected=`{}` actual=`{actual}`",
+                blob.hash
+            )));
+        }
+        file.sync_all().await.map_err(werr)
+    }
+
+    /// One range of a ranged download: fetched, written at its offset, and
+    /// hashed as the BLAKE3 subtree it is.
+    async fn fetch_range(
+        &self,
+        key: &Path,
+        blob: &BlobRef,
+        tmp: &std::path::Path,
+        range: std::ops::Range<u64>,
+    ) -> Result<blake3::hazmat::ChainingValue> {
+        use blake3::hazmat::HasherExt;
+        use tokio::io::AsyncSeekExt;
+        let opts = object_store::GetOptions {
+            range: Some(object_store::GetRange::Bounded(range.clone())),
+            ..Default::default()
+        };
+        let res = self.store.get_opts(key, opts).await.map_err(|e| {
+            if matches!(e, object_store::Error::NotFound { .. }) {
+                Error::not_found(format!("blob is missing key=`{key}`")).with_source(e)
+            } else {
+                map_store_error(e, &format!("cannot read blob key=`{key}`"))
+            }
+        })?;
+        if res.meta.size != blob.size {
+            return Err(Error::corrupt(format!(
+                "blob has the wrong size key=`{key}` expected_size={} actual_size={}",
+                blob.size, res.meta.size
+            )));
+        }
+        let want = range.end - range.start;
+        let mut stream = payload_stream(res);
+        let werr = |e| Error::io(format!("cannot write file path=`{}`", tmp.display()), e);
+        let mut f = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(tmp)
+            .await
+            .map_err(werr)?;
+        f.seek(std::io::SeekFrom::Start(range.start))
+            .await
+            .map_err(werr)?;
+        let mut w = tokio::io::BufWriter::with_capacity(1 << 20, f);
+        let mut hasher = blake3::Hasher::new();
+        hasher.set_input_offset(range.start);
+        let mut seen = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk =
+                chunk.map_err(|e| map_store_error(e, &format!("cannot read blob key=`{key}`")))?;
+            seen += chunk.len() as u64;
+            if let Some(c) = &self.read_counter {
+                c.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            if let Some(l) = &self.limit {
+                l.take(chunk.len() as u64).await;
+            }
+            if seen > want {
+                return Err(Error::corrupt(format!(
+                    "blob range is longer than asked key=`{key}` range={range:?}"
+                )));
+            }
+            hasher.update(&chunk);
+            w.write_all(&chunk).await.map_err(werr)?;
+        }
+        if seen != want {
+            return Err(Error::corrupt(format!(
+                "blob is truncated key=`{key}` expected_size={} range={range:?} got={seen}",
+                blob.size
+            )));
+        }
+        w.flush().await.map_err(werr)?;
+        Ok(hasher.finalize_non_root())
     }
 
     /// Downloads many blobs with bounded parallelism.
@@ -564,5 +685,114 @@ fn payload_stream(
             .boxed()
         }
         object_store::GetResultPayload::Stream(s) => s,
+    }
+}
+
+/// BLAKE3 over ranges: the range size, and the merge of the ranges'
+/// subtree hashes into the blob's hash.
+mod ranged {
+    use blake3::hazmat::{ChainingValue, Mode, merge_subtrees_non_root, merge_subtrees_root};
+
+    use super::BlobHash;
+
+    /// `size` rounded down to a power of two of at least one BLAKE3 chunk
+    /// (1 KiB): every range but the last is then a whole, aligned subtree.
+    pub(super) fn part_size(size: usize) -> u64 {
+        let size = (size as u64).max(blake3::CHUNK_LEN as u64);
+        1 << (63 - size.leading_zeros())
+    }
+
+    /// The hash of a blob from the chaining values of its ranges, in order:
+    /// all but the last a full range of one power-of-two size, the last of
+    /// any non-zero length up to it. `None` for fewer than two ranges (a
+    /// single range is the root itself: hash it as a whole).
+    pub(super) fn merge(cvs: &[ChainingValue]) -> Option<BlobHash> {
+        let (last, full) = cvs.split_last()?;
+        if full.is_empty() {
+            return None;
+        }
+        // As BLAKE3's own hasher does: whole subtrees on a stack, two of
+        // equal size merged as soon as a third range follows them (here:
+        // always, since the last range comes after every full one).
+        let mut stack: Vec<ChainingValue> = Vec::new();
+        for (i, cv) in full.iter().enumerate() {
+            stack.push(*cv);
+            let mut done = i + 1;
+            while done % 2 == 0 {
+                let right = stack.pop()?;
+                let left = stack.pop()?;
+                stack.push(merge_subtrees_non_root(&left, &right, Mode::Hash));
+                done /= 2;
+            }
+        }
+        // Then from the right: the last range joins the smallest subtree,
+        // that the next, and the largest makes the root.
+        let mut right = *last;
+        while let Some(left) = stack.pop() {
+            if stack.is_empty() {
+                return Some(BlobHash::from(merge_subtrees_root(
+                    &left,
+                    &right,
+                    Mode::Hash,
+                )));
+            }
+            right = merge_subtrees_non_root(&left, &right, Mode::Hash);
+        }
+        None
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use blake3::hazmat::HasherExt;
+
+        fn by_ranges(data: &[u8], part: u64) -> Option<BlobHash> {
+            let cvs: Vec<ChainingValue> = data
+                .chunks(part as usize)
+                .enumerate()
+                .map(|(i, c)| {
+                    blake3::Hasher::new()
+                        .set_input_offset(i as u64 * part)
+                        .update(c)
+                        .finalize_non_root()
+                })
+                .collect();
+            merge(&cvs)
+        }
+
+        /// Every length from two ranges up, around every boundary that
+        /// changes the tree's shape, for several range sizes.
+        #[test]
+        fn merged_range_hashes_equal_the_whole_hash() {
+            let data: Vec<u8> = (0..(80u32 << 10))
+                .map(|i| (i * 7 + i / 251) as u8)
+                .collect();
+            for part in [1024u64, 2048, 4096, 8192] {
+                let mut lens: Vec<u64> = (1..=9u64)
+                    .flat_map(|n| [n * part - 1, n * part, n * part + 1, n * part + 700])
+                    .filter(|l| *l > part)
+                    .collect();
+                lens.extend([part + 1, 2 * part, 4 * part + 1023, 80 << 10]);
+                for len in lens {
+                    let d = &data[..len as usize];
+                    assert_eq!(
+                        by_ranges(d, part),
+                        Some(BlobHash::from(blake3::hash(d))),
+                        "part={part} len={len}"
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn one_range_is_refused_and_sizes_round_down_to_powers_of_two() {
+            let cv = blake3::Hasher::new().update(b"x").finalize_non_root();
+            assert_eq!(merge(&[cv]), None);
+            assert_eq!(merge(&[]), None);
+            assert_eq!(part_size(16 << 20), 16 << 20);
+            assert_eq!(part_size((16 << 20) + 5), 16 << 20);
+            assert_eq!(part_size(3000), 2048);
+            assert_eq!(part_size(1), 1024);
+        }
     }
 }
