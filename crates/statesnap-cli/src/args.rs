@@ -84,6 +84,10 @@ pub struct BenchArgs {
     /// A small run (about a minute) of the same measurements.
     #[arg(long)]
     pub quick: bool,
+    /// Add a 16 M-key store (about 1.8 GB; needs 4x that free in the scratch
+    /// directory) to the scale series.
+    #[arg(long)]
+    pub scale: bool,
     /// Where bench.md, bench.json and restore-vs-history.svg go.
     #[arg(long, value_name = "DIR", default_value = "statesnap-bench")]
     pub out: PathBuf,

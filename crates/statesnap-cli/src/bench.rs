@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 use serde_json::json;
-use statesnap::bench::{self, BackupComparison, DeltaCase, ReplayCase, StoreType, Throughput};
+use statesnap::bench::{
+    self, BackupComparison, ConcurrentRestores, DeltaCase, ReplayCase, ScalePoint, StoreType,
+    Throughput,
+};
 use statesnap::{Error, ErrorKind, Result};
 
 use crate::args::BenchArgs;
@@ -24,6 +27,9 @@ struct Sizes {
     delta_keys: u64,
     runtime_keys: u64,
     runtime_secs: u64,
+    scale_keys: &'static [u64],
+    partitions: u32,
+    partition_keys: u64,
 }
 
 const FULL: Sizes = Sizes {
@@ -33,7 +39,13 @@ const FULL: Sizes = Sizes {
     delta_keys: 1_000_000,
     runtime_keys: 200_000,
     runtime_secs: 5,
+    scale_keys: &[1_000_000, 4_000_000],
+    partitions: 16,
+    partition_keys: 250_000,
 };
+
+/// `--scale` adds this size to the series (about 1.8 GB; 4x that free).
+const SCALE_LARGEST: u64 = 16_000_000;
 
 const QUICK: Sizes = Sizes {
     replay_keys: 10_000,
@@ -42,6 +54,9 @@ const QUICK: Sizes = Sizes {
     delta_keys: 50_000,
     runtime_keys: 20_000,
     runtime_secs: 1,
+    scale_keys: &[20_000, 80_000],
+    partitions: 4,
+    partition_keys: 5_000,
 };
 
 /// The machine the figures come from.
@@ -102,6 +117,8 @@ fn rows(
     backup: &BackupComparison,
     delta: &DeltaCase,
     throughput: &[Throughput],
+    scale: &[ScalePoint],
+    partitions: &ConcurrentRestores,
 ) -> Vec<Row> {
     let mut rows: Vec<Row> = Vec::new();
     for r in replay {
@@ -211,6 +228,46 @@ fn rows(
             ]);
         }
     }
+    let rss = |b: Option<u64>| b.map_or_else(|| "n/a".to_owned(), |b| out::bytes(b));
+    for p in scale {
+        rows.push([
+            format!(
+                "scale: full snapshot + restore, {} keys ({})",
+                p.keys,
+                out::bytes(p.snapshot_bytes)
+            ),
+            format!("{} + {}", secs(p.snapshot_secs), secs(p.restore_secs)),
+            format!(
+                "peak memory +{} / +{}",
+                rss(p.snapshot_peak_rss_growth),
+                rss(p.restore_peak_rss_growth)
+            ),
+            format!(
+                "restore {}/s",
+                out::bytes((p.snapshot_bytes as f64 / p.restore_secs.max(1e-9)) as u64)
+            ),
+        ]);
+    }
+    let c = partitions;
+    rows.push([
+        format!(
+            "{} partitions x {} keys ({}) opened at once vs one at a time",
+            c.partitions,
+            c.keys_per_partition,
+            out::bytes(c.bytes)
+        ),
+        format!(
+            "{} ({}/s)",
+            secs(c.concurrent_secs),
+            out::bytes(c.concurrent_bandwidth() as u64)
+        ),
+        format!(
+            "{} ({}/s)",
+            secs(c.sequential_secs),
+            out::bytes(c.sequential_bandwidth() as u64)
+        ),
+        times(c.concurrent_secs, c.sequential_secs),
+    ]);
     rows
 }
 
@@ -385,8 +442,23 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
         sp.finish_and_clear();
     }
 
+    let mut scale = Vec::new();
+    let largest = a.scale.then_some(SCALE_LARGEST);
+    for &keys in sizes.scale_keys.iter().chain(largest.iter()) {
+        let sp = out.spinner(&format!("scale: full snapshot and restore, {keys} keys"));
+        scale.push(bench::scale_point(dir, keys).await?);
+        sp.finish_and_clear();
+    }
+    let sp = out.spinner(&format!(
+        "{} partitions x {} keys opened through one StateManager",
+        sizes.partitions, sizes.partition_keys
+    ));
+    let partitions =
+        bench::concurrent_restores(dir, sizes.partitions, sizes.partition_keys).await?;
+    sp.finish_and_clear();
+
     let machine = machine();
-    let rows = rows(&replay, &backup, &delta, &throughput);
+    let rows = rows(&replay, &backup, &delta, &throughput, &scale, &partitions);
     let chart_name = "restore-vs-history.svg";
     chart(&out_dir.join(chart_name), &replay)?;
     let result = json!({
@@ -396,6 +468,8 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
         "rocksdb_vs_backup_engine": backup,
         "memory_delta": delta,
         "throughput": throughput,
+        "scale": scale,
+        "partitions": partitions,
     });
     let pretty = serde_json::to_string_pretty(&result)
         .map_err(|e| Error::new(ErrorKind::Internal, "cannot encode the results").with_source(e))?;

@@ -901,6 +901,21 @@ fn bench_quick_writes_markdown_json_and_a_chart() {
             .all(|x| x["snapshots"].as_u64().unwrap() >= 1 && x["failed"] == 0),
         "{t:?}"
     );
+    let scale = v["scale"].as_array().unwrap();
+    let keys: Vec<u64> = scale.iter().map(|p| p["keys"].as_u64().unwrap()).collect();
+    assert_eq!(keys, [20_000, 80_000]);
+    assert!(
+        scale[1]["snapshot_bytes"].as_u64().unwrap()
+            > 3 * scale[0]["snapshot_bytes"].as_u64().unwrap(),
+        "four times the keys, about four times the bytes: {scale:?}"
+    );
+    let p = &v["partitions"];
+    assert_eq!(p["partitions"], 4, "{p}");
+    assert!(p["bytes"].as_u64().unwrap() > 0, "{p}");
+    assert!(
+        b["restore_breakdown"]["transfer_secs"].as_f64().unwrap() > 0.0,
+        "{b}"
+    );
     assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
     let md = std::fs::read_to_string(out_dir.join("bench.md")).unwrap();
     assert!(
