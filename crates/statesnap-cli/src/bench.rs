@@ -228,7 +228,7 @@ fn rows(
             ]);
         }
     }
-    let rss = |b: Option<u64>| b.map_or_else(|| "n/a".to_owned(), |b| out::bytes(b));
+    let rss = |b: Option<u64>| b.map_or_else(|| "n/a".to_owned(), out::bytes);
     for p in scale {
         rows.push([
             format!(
