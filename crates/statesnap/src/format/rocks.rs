@@ -49,8 +49,13 @@
 //! MB of live data measured 415 MB. Shipping that makes every upload,
 //! restore and stored byte 3.8x dearer.
 //!
-//! So the write step measures the cut's space amplification — its SST bytes
-//! over RocksDB's `estimate-live-data-size` read at capture — and when it is
+//! So the write step measures the cut's space amplification — the data's
+//! SST bytes over those in its bottommost level, read at capture: an upper
+//! bound, since the bottom level holds one version of each key it has and
+//! everything above may be newer versions of the same keys (RocksDB's own
+//! `estimate-live-data-size` was tried first: after a 1 % rewrite whose new
+//! level-0 file overlaps every key range it reported 1.2 MB of live data
+//! for a 115 MB store) — and when it is
 //! above [`CompactionPolicy::max_space_amplification`] (default 1.3) it
 //! compacts the *checkpoint* before uploading it: the checkpoint is opened
 //! read-write in the background and fully compacted, which writes new files
@@ -67,9 +72,10 @@
 //! allows one compacted snapshot per store incarnation per interval, so a
 //! store snapshotted every second pays that at most once per interval;
 //! [`CompactionPolicy::min_bytes`] (default 4 MiB) skips stores too small to
-//! matter. RocksDB's live-data estimate counts overlapping files once, so a
-//! store whose newest files overlap without overwriting looks amplified too;
-//! the compaction then saves nothing and is bounded the same way. The
+//! matter. Being an upper bound, the measure also counts upper-level keys
+//! that are new rather than overwritten (a growing store); the compaction
+//! then saves little and is bounded the same way. A store with nothing
+//! below level 0 yet is taken as not amplified. The
 //! manifest's format metadata records `space_amplification`, and
 //! `compacted` (bytes before and after, seconds) when it happened.
 //! [`RocksFormat::with_compaction`]`(None)` turns it off.
@@ -230,6 +236,10 @@ pub struct RocksCut {
     keys: u64,
     logical_bytes: u64,
     incarnation: uuid::Uuid,
+    /// SST bytes of the data column family, and of those the bytes in its
+    /// bottommost non-empty level (read at capture).
+    data_bytes: u64,
+    bottom_bytes: u64,
     /// Set once the write step compacted the checkpoint: its files are no
     /// longer the live store's.
     compacted: Option<Compacted>,
@@ -267,10 +277,16 @@ impl RocksCut {
             .sum()
     }
 
-    /// Its space amplification: SST bytes over the store's estimated live
-    /// data (RocksDB's `estimate-live-data-size`, read at capture).
+    /// Its space amplification, bounded from above: the data's SST bytes
+    /// over those in the bottommost level (which holds one version of each
+    /// key it has; everything above it may be newer versions of the same
+    /// keys). 1.0 while nothing has reached a level below 0 (nothing to
+    /// measure against).
     pub fn space_amplification(&self) -> f64 {
-        self.sst_bytes() as f64 / self.logical_bytes.max(1) as f64
+        if self.bottom_bytes == 0 {
+            return 1.0;
+        }
+        self.data_bytes as f64 / self.bottom_bytes as f64
     }
 }
 
@@ -568,6 +584,27 @@ fn list_checkpoint(dir: &Path) -> Result<Vec<(String, u64)>> {
     Ok(files)
 }
 
+/// SST bytes of the data column family, and of its bottommost non-empty
+/// level below level 0 (0 if every file is in level 0).
+fn level_bytes(db: &DB, dir: &Path) -> Result<(u64, u64)> {
+    let files = db
+        .live_files()
+        .map_err(|e| rocks_error("list live files", dir, e))?;
+    let data = files
+        .iter()
+        .filter(|f| f.column_family_name == rocksdb::DEFAULT_COLUMN_FAMILY_NAME);
+    let bottom = data.clone().map(|f| f.level).max().unwrap_or(0);
+    let total = data.clone().map(|f| f.size as u64).sum();
+    let at_bottom = if bottom > 0 {
+        data.filter(|f| f.level == bottom)
+            .map(|f| f.size as u64)
+            .sum()
+    } else {
+        0
+    };
+    Ok((total, at_bottom))
+}
+
 /// Offset, binding and statistics of an open database.
 fn read_info(db: &DB, dir: &Path) -> Result<CheckpointInfo> {
     let offset = read_applied_offset(db, dir)?;
@@ -680,6 +717,8 @@ impl StoreFormat for RocksFormat {
             keys: 0,
             logical_bytes: 0,
             incarnation: store.incarnation(),
+            data_bytes: 0,
+            bottom_bytes: 0,
             compacted: None,
         };
         let cp = rocksdb::checkpoint::Checkpoint::new(store.db())
@@ -692,6 +731,7 @@ impl StoreFormat for RocksFormat {
         // so the checkpoint holds exactly what these describe (module docs).
         // After it, so the statistics count the memtables it flushed.
         let info = read_info(store.db(), store.path())?;
+        (cut.data_bytes, cut.bottom_bytes) = level_bytes(store.db(), store.path())?;
         cut.files = list_checkpoint(&cut.dir)?;
         cut.offset = info.offset;
         cut.binding = info.binding;
