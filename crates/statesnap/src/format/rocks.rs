@@ -50,8 +50,9 @@
 //! restore and stored byte 3.8x dearer.
 //!
 //! So the write step measures the cut's space amplification — the data's
-//! SST bytes over those in its bottommost level and in upper files whose key
-//! range meets none of the bottom's, read at capture: an upper bound, since
+//! SST bytes over those in its bottommost level (with everything still in
+//! level 0: its largest files that do not overlap) and in other files whose
+//! key range meets none of those, read at capture: an upper bound, since
 //! those hold one version of each key and everything else may be newer
 //! versions of the same keys (RocksDB's own
 //! `estimate-live-data-size` was tried first: after a 1 % rewrite whose new
@@ -79,7 +80,7 @@
 //! store growing in key order is not mistaken (its new files lie beside the
 //! bottom level's; the scale bench's 4 M-key snapshot took 4.1-4.4 s with
 //! the plain bottom-level measure, 1.2 s without the needless compaction),
-//! and a store with nothing below level 0 yet is taken as not amplified. The
+//! and neither is one whose level-0 files are disjoint. The
 //! manifest's format metadata records `space_amplification`, and
 //! `compacted` (bytes before and after, seconds) when it happened.
 //! [`RocksFormat::with_compaction`]`(None)` turns it off.
@@ -240,8 +241,9 @@ pub struct RocksCut {
     keys: u64,
     logical_bytes: u64,
     incarnation: uuid::Uuid,
-    /// SST bytes of the data column family, and of those the bytes in its
-    /// bottommost non-empty level (read at capture).
+    /// SST bytes of the data column family, and of those the bytes certain
+    /// to hold one version of each key (read at capture; see
+    /// [`RocksCut::space_amplification`]).
     data_bytes: u64,
     bottom_bytes: u64,
     /// Set once the write step compacted the checkpoint: its files are no
@@ -283,9 +285,10 @@ impl RocksCut {
 
     /// Its space amplification, bounded from above: the data's SST bytes
     /// over those certain to hold one version of each key — the bottommost
-    /// level, and upper-level files whose key range meets none of its files
-    /// (everything else may be newer versions of the same keys). 1.0 while
-    /// nothing has reached a level below 0 (nothing to measure against).
+    /// level (with everything still in level 0: its largest files that do
+    /// not overlap), and other files whose key range meets none of those
+    /// (everything else may be newer versions of the same keys). 1.0 for a
+    /// store without data.
     pub fn space_amplification(&self) -> f64 {
         if self.bottom_bytes == 0 {
             return 1.0;
@@ -589,44 +592,60 @@ fn list_checkpoint(dir: &Path) -> Result<Vec<(String, u64)>> {
 }
 
 /// SST bytes of the data column family, and of those the bytes that hold
-/// at most one version of each key: the bottommost non-empty level below
-/// level 0, plus every upper-level file whose key range meets no file of
-/// that level (its keys cannot be newer versions of keys at the bottom: a
-/// store growing in key order). `(total, 0)` if every file is in level 0.
+/// at most one version of each key: a reference set of files whose key
+/// ranges do not overlap — the bottommost non-empty level, or with
+/// everything still in level 0 the largest files taken greedily while they
+/// overlap none already taken — plus every other file whose key range meets
+/// none of the reference's (its keys cannot be newer versions of the
+/// reference's: a store growing in key order).
 fn level_bytes(db: &DB, dir: &Path) -> Result<(u64, u64)> {
     let files = db
         .live_files()
         .map_err(|e| rocks_error("list live files", dir, e))?;
-    let data: Vec<&rocksdb::LiveFile> = files
+    let mut data: Vec<&rocksdb::LiveFile> = files
         .iter()
         .filter(|f| f.column_family_name == rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
         .collect();
     let total = data.iter().map(|f| f.size as u64).sum();
-    let bottom = data.iter().map(|f| f.level).max().unwrap_or(0);
-    if bottom == 0 {
-        return Ok((total, 0));
-    }
-    // The bottom level's files do not overlap: sorted by first key, a key
-    // range meets one of them iff it meets the last one starting at or
-    // before its end.
-    let mut ranges: Vec<(&[u8], &[u8])> = data
-        .iter()
-        .filter(|f| f.level == bottom)
-        .filter_map(|f| Some((f.start_key.as_deref()?, f.end_key.as_deref()?)))
-        .collect();
-    ranges.sort();
-    let meets_bottom = |f: &rocksdb::LiveFile| -> bool {
-        let (Some(start), Some(end)) = (f.start_key.as_deref(), f.end_key.as_deref()) else {
+    let range = |f: &rocksdb::LiveFile| -> Option<(Vec<u8>, Vec<u8>)> {
+        Some((f.start_key.clone()?, f.end_key.clone()?))
+    };
+    // Sorted by first key and non-overlapping: a key range meets one of
+    // them iff it meets the last one starting at or before its end.
+    let meets = |ranges: &[(Vec<u8>, Vec<u8>)], f: &rocksdb::LiveFile| -> bool {
+        let Some((start, end)) = range(f) else {
             return true;
         };
         let i = ranges.partition_point(|(s, _)| *s <= end);
         i > 0 && ranges[i - 1].1 >= start
     };
-    let single = data
+    let bottom = data.iter().map(|f| f.level).max().unwrap_or(0);
+    let mut reference: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut single = 0u64;
+    if bottom > 0 {
+        for f in data.iter().filter(|f| f.level == bottom) {
+            single += f.size as u64;
+            reference.extend(range(f));
+        }
+        reference.sort();
+    } else {
+        data.sort_by_key(|f| std::cmp::Reverse(f.size));
+        for f in &data {
+            if let Some(r) = range(f)
+                && !meets(&reference, f)
+            {
+                single += f.size as u64;
+                let at = reference.partition_point(|x| *x < r);
+                reference.insert(at, r);
+            }
+        }
+        return Ok((total, single));
+    }
+    single += data
         .iter()
-        .filter(|f| f.level == bottom || !meets_bottom(f))
+        .filter(|f| f.level != bottom && !meets(&reference, f))
         .map(|f| f.size as u64)
-        .sum();
+        .sum::<u64>();
     Ok((total, single))
 }
 
