@@ -37,10 +37,7 @@ fn main() {
         if smoke { 5_000 } else { 100_000 },
     );
     let u100 = env_u64("STATESNAP_BENCH_U100", u64::from(!smoke)) != 0;
-    let scratch = match std::env::var("STATESNAP_BENCH_DIR") {
-        Ok(d) => tempfile::tempdir_in(d).unwrap(),
-        Err(_) => tempfile::tempdir().unwrap(),
-    };
+    let scratch = common::scratch_dir();
     let dir = scratch.path();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -57,10 +57,7 @@ fn main() {
         "STATESNAP_BENCH_S3_KEYS",
         if smoke { 2_000 } else { 1_000_000 },
     );
-    let scratch = match std::env::var("STATESNAP_BENCH_DIR") {
-        Ok(d) => tempfile::tempdir_in(d).unwrap(),
-        Err(_) => tempfile::tempdir().unwrap(),
-    };
+    let scratch = common::scratch_dir();
     let dir = scratch.path();
     let rt = common::runtime();
 

@@ -901,11 +901,7 @@ fn a_space_amplified_checkpoint_is_compacted_before_upload_and_restores_exactly(
             min_interval: Duration::from_secs(3600),
         };
         let format = RocksFormat::new(opts()).with_compaction(compact.then_some(policy));
-        let mut store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
-        store
-            .db()
-            .set_options(&[("disable_auto_compactions", "true")])
-            .unwrap();
+        let mut store = store_without_auto_compactions(dir.path());
         let log = test_log(dir.path());
         let mut model = Model::new();
         for seed in 1..=4 {
@@ -1043,11 +1039,7 @@ fn level_zero_only_stores_are_measured_against_their_largest_file() {
     for overlapping in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let format = RocksFormat::new(opts());
-        let mut store = RocksStore::open(dir.path().join("store"), &opts()).unwrap();
-        store
-            .db()
-            .set_options(&[("disable_auto_compactions", "true")])
-            .unwrap();
+        let mut store = store_without_auto_compactions(dir.path());
         let log = test_log(dir.path());
         let mut model = Model::new();
         for round in 0..3u32 {
@@ -1078,4 +1070,15 @@ fn level_zero_only_stores_are_measured_against_their_largest_file() {
             assert!(amplification < 1.1, "{amplification}");
         }
     }
+}
+
+/// A store at `dir/store` whose data column family never compacts on its
+/// own (the metadata family still does).
+fn store_without_auto_compactions(dir: &Path) -> RocksStore {
+    let store = RocksStore::open(dir.join("store"), &opts()).unwrap();
+    store
+        .db()
+        .set_options(&[("disable_auto_compactions", "true")])
+        .unwrap();
+    store
 }

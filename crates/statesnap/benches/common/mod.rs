@@ -24,6 +24,15 @@ pub fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
         .unwrap_or_else(|| default.to_vec())
 }
 
+/// A scratch directory under `STATESNAP_BENCH_DIR`, or the system's
+/// temporary directory; removed when dropped.
+pub fn scratch_dir() -> tempfile::TempDir {
+    match std::env::var("STATESNAP_BENCH_DIR") {
+        Ok(d) => tempfile::tempdir_in(d).expect("scratch dir under STATESNAP_BENCH_DIR"),
+        Err(_) => tempfile::tempdir().expect("scratch dir"),
+    }
+}
+
 /// A multi-threaded runtime with two workers.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

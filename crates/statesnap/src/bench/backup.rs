@@ -90,6 +90,25 @@ pub(crate) fn load(
     store.flush()
 }
 
+/// A RocksDB store at `db` bound to a new file changelog at `log`, loaded
+/// with `keys` keys (100-byte values) through it and flushed.
+pub(crate) fn loaded_store(
+    db: &Path,
+    log: &Path,
+    name: &str,
+    keys: u64,
+) -> Result<(RocksStore, FileChangelog)> {
+    let log = file_log(log, name)?;
+    let mut store = RocksStore::open(db, &bench_options())?;
+    ensure_follows(&mut store, &ChangelogBinding::of(&log)?)?;
+    load(
+        &log,
+        &mut store,
+        (0..keys).map(|i| Record::put(key(i), value(i))),
+    )?;
+    Ok((store, log))
+}
+
 /// Options for stores the benches load: no WAL (both sides flush first).
 pub(crate) fn bench_options() -> RocksOptions {
     RocksOptions {
@@ -134,16 +153,8 @@ pub async fn rocks_vs_backup_engine(
     keys: u64,
     runs: usize,
 ) -> Result<BackupComparison> {
-    let opts = bench_options();
-    let format = RocksFormat::new(opts.clone());
-    let mut store = RocksStore::open(dir.join("db"), &opts)?;
-    let log = file_log(&dir.join("log-main"), "main")?;
-    ensure_follows(&mut store, &ChangelogBinding::of(&log)?)?;
-    load(
-        &log,
-        &mut store,
-        (0..keys).map(|i| Record::put(key(i), value(i))),
-    )?;
+    let format = RocksFormat::new(bench_options());
+    let (mut store, log) = loaded_store(&dir.join("db"), &dir.join("log-main"), "main", keys)?;
     let store_bytes = disk_usage(&dir.join("db"));
     let repo_dir = dir.join("repo");
     let repo = local_repo(&repo_dir).await?;

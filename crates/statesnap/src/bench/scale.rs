@@ -9,18 +9,16 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 
-use super::backup::{bench_options, load};
+use super::backup::{bench_options, loaded_store};
 use super::{key, local_repo, remove, store_key, value};
+use crate::changelog::ChangelogId;
 use crate::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
-use crate::changelog::{ChangelogBinding, ChangelogId, Record};
 use crate::error::{Error, Result};
 use crate::format::rocks::RocksFormat;
 use crate::format::{RestoreContext, StoreFormat};
 use crate::repo::{Manifest, Repository};
 use crate::runtime::{SnapshotPolicy, StateManager, StoreSpec};
 use crate::snapshot::commit_snapshot;
-use crate::store::ensure_follows;
-use crate::store::rocks::RocksStore;
 
 /// One store size: a full snapshot of a freshly loaded RocksDB store and a
 /// restore of it, with the process's peak memory during each.
@@ -77,18 +75,10 @@ impl PeakRss {
 /// local repository, deletes the store and restores it; everything is
 /// removed afterwards.
 pub async fn scale_point(dir: &Path, keys: u64) -> Result<ScalePoint> {
-    let opts = bench_options();
-    let format = RocksFormat::new(opts.clone());
+    let format = RocksFormat::new(bench_options());
     let name = format!("scale-{keys}");
     let cdir = dir.join(&name);
-    let log = super::file_log(&cdir.join("log"), &name)?;
-    let mut store = RocksStore::open(cdir.join("db"), &opts)?;
-    ensure_follows(&mut store, &ChangelogBinding::of(&log)?)?;
-    load(
-        &log,
-        &mut store,
-        (0..keys).map(|i| Record::put(key(i), value(i))),
-    )?;
+    let (store, log) = loaded_store(&cdir.join("db"), &cdir.join("log"), &name, keys)?;
     let repo = local_repo(&cdir.join("repo")).await?;
     let sk = store_key(&name)?;
 
@@ -280,18 +270,10 @@ pub async fn restore_vs_raw_get(
     keys: u64,
     runs: usize,
 ) -> Result<TransportComparison> {
-    let opts = bench_options();
-    let format = RocksFormat::new(opts.clone());
+    let format = RocksFormat::new(bench_options());
     let name = format!("transport-{keys}");
     let cdir = dir.join(&name);
-    let log = super::file_log(&cdir.join("log"), &name)?;
-    let mut store = RocksStore::open(cdir.join("db"), &opts)?;
-    ensure_follows(&mut store, &ChangelogBinding::of(&log)?)?;
-    load(
-        &log,
-        &mut store,
-        (0..keys).map(|i| Record::put(key(i), value(i))),
-    )?;
+    let (store, log) = loaded_store(&cdir.join("db"), &cdir.join("log"), &name, keys)?;
     let sk = store_key(&name)?;
     let cut = format.capture(&store)?;
     let m = commit_snapshot(&format, cut, repo, &sk, &log, None).await?;

@@ -173,17 +173,22 @@ impl HashCache {
         h
     }
 
-    /// Replaces everything known about `inc` by `files`.
-    fn replace(&mut self, inc: uuid::Uuid, files: impl Iterator<Item = (String, u64, BlobHash)>) {
-        let map = files.map(|(n, s, h)| ((n, s), h)).collect();
-        self.by_incarnation.insert(inc, map);
-        self.touch(inc);
+    /// Forgets the least recently used incarnations beyond the bound.
+    fn evict(&mut self) {
         while self.order.len() > HASH_CACHE_INCARNATIONS {
             if let Some(old) = self.order.pop_front() {
                 self.by_incarnation.remove(&old);
                 self.compacted_at.remove(&old);
             }
         }
+    }
+
+    /// Replaces everything known about `inc` by `files`.
+    fn replace(&mut self, inc: uuid::Uuid, files: impl Iterator<Item = (String, u64, BlobHash)>) {
+        let map = files.map(|(n, s, h)| ((n, s), h)).collect();
+        self.by_incarnation.insert(inc, map);
+        self.touch(inc);
+        self.evict();
     }
 
     /// Whether `inc` may have a checkpoint compacted now (none in the last
@@ -199,12 +204,7 @@ impl HashCache {
         }
         self.compacted_at.insert(inc, now);
         self.touch(inc);
-        while self.order.len() > HASH_CACHE_INCARNATIONS {
-            if let Some(old) = self.order.pop_front() {
-                self.by_incarnation.remove(&old);
-                self.compacted_at.remove(&old);
-            }
-        }
+        self.evict();
         true
     }
 

@@ -337,10 +337,15 @@ impl Repository {
         Ok(found.into_iter().all(|b| b))
     }
 
-    /// Opens blob `blob` for verified streaming reads.
-    pub async fn open_blob(&self, sk: &StoreKey, blob: &BlobRef) -> Result<BlobReader> {
-        let key = paths::blob(sk, &blob.hash);
-        let res = self.store.get(&key).await.map_err(|e| {
+    /// `get` of blob `key` (whole or a range, per `opts`): missing is
+    /// not-found, a stored size other than the blob's is corrupt.
+    async fn get_sized(
+        &self,
+        key: &Path,
+        blob: &BlobRef,
+        opts: object_store::GetOptions,
+    ) -> Result<object_store::GetResult> {
+        let res = self.store.get_opts(key, opts).await.map_err(|e| {
             if matches!(e, object_store::Error::NotFound { .. }) {
                 Error::not_found(format!("blob is missing key=`{key}`")).with_source(e)
             } else {
@@ -353,6 +358,15 @@ impl Repository {
                 blob.size, res.meta.size
             )));
         }
+        Ok(res)
+    }
+
+    /// Opens blob `blob` for verified streaming reads.
+    pub async fn open_blob(&self, sk: &StoreKey, blob: &BlobRef) -> Result<BlobReader> {
+        let key = paths::blob(sk, &blob.hash);
+        let res = self
+            .get_sized(&key, blob, object_store::GetOptions::default())
+            .await?;
         Ok(BlobReader {
             limit: self.limit.clone(),
             counter: self.read_counter.clone(),
@@ -493,19 +507,7 @@ impl Repository {
             range: Some(object_store::GetRange::Bounded(range.clone())),
             ..Default::default()
         };
-        let res = self.store.get_opts(key, opts).await.map_err(|e| {
-            if matches!(e, object_store::Error::NotFound { .. }) {
-                Error::not_found(format!("blob is missing key=`{key}`")).with_source(e)
-            } else {
-                map_store_error(e, &format!("cannot read blob key=`{key}`"))
-            }
-        })?;
-        if res.meta.size != blob.size {
-            return Err(Error::corrupt(format!(
-                "blob has the wrong size key=`{key}` expected_size={} actual_size={}",
-                blob.size, res.meta.size
-            )));
-        }
+        let res = self.get_sized(key, blob, opts).await?;
         let want = range.end - range.start;
         let mut stream = payload_stream(res);
         let werr = |e| Error::io(format!("cannot write file path=`{}`", tmp.display()), e);
