@@ -88,6 +88,10 @@ pub struct KafkaChangelog {
     /// served the moment they arrive (rdkafka's `BaseProducer::poll(t)`
     /// always blocks for all of `t`).
     producer: Mutex<ThreadedProducer<Ctx>>,
+    /// One past the highest offset the broker acknowledged to this handle:
+    /// a later append acknowledged below it means the broker reused
+    /// offsets (see `producer::check_acknowledged`).
+    acked_to: Mutex<u64>,
     /// Metadata, watermark and offset-by-time queries (never polled).
     meta: BaseConsumer<Ctx>,
     /// Topic config lookups.
@@ -202,6 +206,7 @@ impl KafkaChangelog {
             options,
             at,
             producer: Mutex::new(producer),
+            acked_to: Mutex::new(0),
             meta,
             admin,
             configs: Mutex::new((cleanup_policy, delete_retention_ms)),

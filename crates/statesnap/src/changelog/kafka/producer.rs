@@ -334,6 +334,7 @@ impl KafkaChangelog {
         // writer's (or a failed append of ours); a newer claim there stops
         // this append before it writes.
         let (lo, hi) = self.watermarks()?;
+        check_log_holds_acknowledged(&self.id.to_string(), *lock(&self.acked_to), hi)?;
         self.check_claims(&mut w, lo, hi)?;
         let offsets = self.append_raw(records)?;
         if let (Some(&first), Some(&last)) = (offsets.first(), offsets.last()) {
@@ -349,7 +350,14 @@ impl KafkaChangelog {
     pub(super) fn append_raw(&self, records: &[RawOut]) -> Result<Vec<u64>> {
         // One batch at a time, so a batch's offsets are consecutive.
         let mut producer = lock(&self.producer);
-        let result = self.send_batch(&producer, records);
+        let result = self.send_batch(&producer, records).and_then(|offsets| {
+            let mut acked_to = lock(&self.acked_to);
+            check_acknowledged(&self.id.to_string(), *acked_to, &offsets)?;
+            if let Some(&last) = offsets.last() {
+                *acked_to = last + 1;
+            }
+            Ok(offsets)
+        });
         if let Err(err) = &result {
             // Start a new producer (a new producer id, sequence numbers from
             // 0) for the next append after *any* failed one, not only after a
@@ -375,5 +383,73 @@ impl KafkaChangelog {
             }
         }
         result
+    }
+}
+
+/// Offsets a broker acknowledged for one append, against `acked_to` (one
+/// past the highest it acknowledged to this handle before): they must all
+/// lie at or above it. A partition's offsets only grow, so an acknowledged
+/// offset below means the broker gave out an offset twice — it lost or
+/// overwrote acknowledged records (tansu 0.6's memory engine ended a log of
+/// 300 000 appended records at offset 298 322), or the topic was recreated
+/// under this handle. Either way the store must not be tagged with these
+/// offsets.
+pub(super) fn check_acknowledged(changelog: &str, acked_to: u64, offsets: &[u64]) -> Result<()> {
+    match offsets.first() {
+        Some(&first) if first < acked_to => Err(Error::stale(format!(
+            "kafka acknowledged offsets this changelog had already acknowledged changelog=`{changelog}` \
+             first={first} last={:?} previously_acknowledged_up_to={} ; the broker lost or overwrote \
+             records, or the topic was recreated: stop writing, check the broker, and rebuild the \
+             store from what the log holds",
+            offsets.last(),
+            acked_to.saturating_sub(1)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The partition's end offset `hi`, read before an append, against
+/// `acked_to` (one past the highest offset the broker acknowledged to this
+/// handle): a log that ends below an offset it acknowledged has lost
+/// acknowledged records (tansu 0.6's memory engine: 50 000 records
+/// acknowledged, the log ends at 48 322) or was recreated under this
+/// handle. Nothing more may be appended to it.
+pub(super) fn check_log_holds_acknowledged(changelog: &str, acked_to: u64, hi: u64) -> Result<()> {
+    if hi < acked_to {
+        return Err(Error::stale(format!(
+            "the kafka log ends below offsets it acknowledged changelog=`{changelog}` \
+             end_offset={hi} acknowledged_up_to={} ; the broker lost acknowledged records, or the \
+             topic was recreated: stop writing, check the broker, and rebuild the store from what \
+             the log holds",
+            acked_to.saturating_sub(1)
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_ending_below_acknowledged_offsets_is_refused() {
+        assert!(check_log_holds_acknowledged("c", 0, 0).is_ok());
+        assert!(check_log_holds_acknowledged("c", 10, 10).is_ok());
+        assert!(check_log_holds_acknowledged("c", 10, 12).is_ok());
+        let e = check_log_holds_acknowledged("c", 50_000, 48_322).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Stale);
+        assert!(e.message().contains("end_offset=48322"), "{e}");
+    }
+
+    #[test]
+    fn acknowledged_offsets_must_not_reach_below_earlier_ones() {
+        assert!(check_acknowledged("c", 0, &[0, 1, 2]).is_ok());
+        assert!(check_acknowledged("c", 3, &[3, 4]).is_ok());
+        // Gaps are fine (another writer's claim, control records).
+        assert!(check_acknowledged("c", 3, &[7, 9]).is_ok());
+        assert!(check_acknowledged("c", 5, &[]).is_ok());
+        let e = check_acknowledged("c", 5, &[4, 5, 6]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Stale);
+        assert!(e.message().contains("first=4"), "{e}");
     }
 }
