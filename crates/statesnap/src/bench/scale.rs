@@ -320,19 +320,12 @@ pub async fn restore_vs_raw_get(
 async fn raw_get(repo: &Repository, m: &Manifest, ranged: bool) -> Result<()> {
     let store = repo.object_store();
     let parallelism = repo.transfer().parallelism.max(1);
-    let part = repo.transfer().download_part_size.max(1) as u64;
     let mut gets = Vec::new();
     for f in &m.files {
         let key = crate::repo::paths::blob(&m.store_key, &f.blake3);
-        if ranged && f.size > part {
-            let mut start = 0;
-            while start < f.size {
-                let end = (start + part).min(f.size);
-                gets.push((key.clone(), Some(start..end)));
-                start = end;
-            }
-        } else {
-            gets.push((key, None));
+        match repo.transfer().download_ranges(f.size).filter(|_| ranged) {
+            Some(ranges) => gets.extend(ranges.into_iter().map(|r| (key.clone(), Some(r)))),
+            None => gets.push((key, None)),
         }
     }
     futures::stream::iter(gets)

@@ -607,12 +607,12 @@ fn level_bytes(db: &DB, dir: &Path) -> Result<(u64, u64)> {
         .filter(|f| f.column_family_name == rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
         .collect();
     let total = data.iter().map(|f| f.size as u64).sum();
-    let range = |f: &rocksdb::LiveFile| -> Option<(Vec<u8>, Vec<u8>)> {
-        Some((f.start_key.clone()?, f.end_key.clone()?))
-    };
+    fn range(f: &rocksdb::LiveFile) -> Option<(&[u8], &[u8])> {
+        Some((f.start_key.as_deref()?, f.end_key.as_deref()?))
+    }
     // Sorted by first key and non-overlapping: a key range meets one of
     // them iff it meets the last one starting at or before its end.
-    let meets = |ranges: &[(Vec<u8>, Vec<u8>)], f: &rocksdb::LiveFile| -> bool {
+    let meets = |ranges: &[(&[u8], &[u8])], f: &rocksdb::LiveFile| -> bool {
         let Some((start, end)) = range(f) else {
             return true;
         };
@@ -620,7 +620,7 @@ fn level_bytes(db: &DB, dir: &Path) -> Result<(u64, u64)> {
         i > 0 && ranges[i - 1].1 >= start
     };
     let bottom = data.iter().map(|f| f.level).max().unwrap_or(0);
-    let mut reference: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut reference: Vec<(&[u8], &[u8])> = Vec::new();
     let mut single = 0u64;
     if bottom > 0 {
         for f in data.iter().filter(|f| f.level == bottom) {

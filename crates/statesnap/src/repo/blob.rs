@@ -52,6 +52,21 @@ pub struct TransferOptions {
     pub download_part_size: usize,
 }
 
+impl TransferOptions {
+    /// The ranges a download of a blob of `size` bytes fetches separately
+    /// (see [`download_part_size`](Self::download_part_size)), in order;
+    /// `None` when it is fetched whole (one range's worth, or no
+    /// parallelism to spread ranges over).
+    pub fn download_ranges(&self, size: u64) -> Option<Vec<std::ops::Range<u64>>> {
+        let part = ranged::part_size(self.download_part_size);
+        (self.parallelism > 1 && size > part).then(|| {
+            (0..size.div_ceil(part))
+                .map(|i| i * part..((i + 1) * part).min(size))
+                .collect()
+        })
+    }
+}
+
 impl Default for TransferOptions {
     fn default() -> Self {
         TransferOptions {
@@ -364,16 +379,36 @@ impl Repository {
     /// Opens blob `blob` for verified streaming reads.
     pub async fn open_blob(&self, sk: &StoreKey, blob: &BlobRef) -> Result<BlobReader> {
         let key = paths::blob(sk, &blob.hash);
-        let res = self
-            .get_sized(&key, blob, object_store::GetOptions::default())
-            .await?;
+        self.open_range(key, blob, 0..blob.size).await
+    }
+
+    /// A verified streaming read of `range` of blob `key`. The whole blob
+    /// ends by checking its hash; a part ends with its BLAKE3 subtree hash
+    /// ([`BlobReader::range_hash`]) for the caller to merge.
+    async fn open_range(
+        &self,
+        key: Path,
+        blob: &BlobRef,
+        range: std::ops::Range<u64>,
+    ) -> Result<BlobReader> {
+        use blake3::hazmat::HasherExt;
+        let whole = range == (0..blob.size);
+        let opts = object_store::GetOptions {
+            range: (!whole).then(|| object_store::GetRange::Bounded(range.clone())),
+            ..Default::default()
+        };
+        let res = self.get_sized(&key, blob, opts).await?;
+        let mut hasher = blake3::Hasher::new();
+        hasher.set_input_offset(range.start);
         Ok(BlobReader {
             limit: self.limit.clone(),
             counter: self.read_counter.clone(),
             key,
             expected: *blob,
+            range,
+            range_hash: None,
             stream: payload_stream(res),
-            hasher: blake3::Hasher::new(),
+            hasher,
             seen: 0,
             done: false,
         })
@@ -435,9 +470,8 @@ impl Repository {
         blob: &BlobRef,
         tmp: &std::path::Path,
     ) -> Result<()> {
-        let part = ranged::part_size(self.transfer.download_part_size);
-        if self.transfer.parallelism > 1 && blob.size > part {
-            return self.download_ranged(sk, blob, tmp, part).await;
+        if let Some(ranges) = self.transfer.download_ranges(blob.size) {
+            return self.download_ranged(sk, blob, tmp, ranges).await;
         }
         let mut r = self.open_blob(sk, blob).await?;
         let file = tokio::fs::File::create(tmp)
@@ -454,16 +488,16 @@ impl Repository {
         w.get_mut().sync_all().await.map_err(werr)
     }
 
-    /// [`download_to`](Self::download_to) in ranges of `part` bytes, up to
-    /// `parallelism` at once, each written at its offset and hashed as a
-    /// BLAKE3 subtree; the subtree hashes are merged and compared with the
-    /// blob's at the end (before the fsync, which only verified bytes get).
+    /// [`download_to`](Self::download_to) in `ranges`, up to `parallelism`
+    /// at once, each written at its offset and hashed as a BLAKE3 subtree;
+    /// the subtree hashes are merged and compared with the blob's at the
+    /// end (before the fsync, which only verified bytes get).
     async fn download_ranged(
         &self,
         sk: &StoreKey,
         blob: &BlobRef,
         tmp: &std::path::Path,
-        part: u64,
+        ranges: Vec<std::ops::Range<u64>>,
     ) -> Result<()> {
         let key = paths::blob(sk, &blob.hash);
         let werr = |e| Error::io(format!("cannot write file path=`{}`", tmp.display()), e);
@@ -471,9 +505,6 @@ impl Repository {
             .await
             .map_err(|e| Error::io(format!("cannot create file path=`{}`", tmp.display()), e))?;
         file.set_len(blob.size).await.map_err(werr)?;
-        let ranges: Vec<std::ops::Range<u64>> = (0..blob.size.div_ceil(part))
-            .map(|i| i * part..((i + 1) * part).min(blob.size))
-            .collect();
         // `buffered` keeps the ranges' order: the merge needs it.
         let cvs: Vec<blake3::hazmat::ChainingValue> = futures::stream::iter(ranges)
             .map(|range| self.fetch_range(&key, blob, tmp, range))
@@ -501,54 +532,28 @@ impl Repository {
         tmp: &std::path::Path,
         range: std::ops::Range<u64>,
     ) -> Result<blake3::hazmat::ChainingValue> {
-        use blake3::hazmat::HasherExt;
         use tokio::io::AsyncSeekExt;
-        let opts = object_store::GetOptions {
-            range: Some(object_store::GetRange::Bounded(range.clone())),
-            ..Default::default()
-        };
-        let res = self.get_sized(key, blob, opts).await?;
-        let want = range.end - range.start;
-        let mut stream = payload_stream(res);
+        let start = range.start;
+        let mut r = self.open_range(key.clone(), blob, range).await?;
         let werr = |e| Error::io(format!("cannot write file path=`{}`", tmp.display()), e);
         let mut f = tokio::fs::OpenOptions::new()
             .write(true)
             .open(tmp)
             .await
             .map_err(werr)?;
-        f.seek(std::io::SeekFrom::Start(range.start))
+        f.seek(std::io::SeekFrom::Start(start))
             .await
             .map_err(werr)?;
         let mut w = tokio::io::BufWriter::with_capacity(1 << 20, f);
-        let mut hasher = blake3::Hasher::new();
-        hasher.set_input_offset(range.start);
-        let mut seen = 0u64;
-        while let Some(chunk) = stream.next().await {
-            let chunk =
-                chunk.map_err(|e| map_store_error(e, &format!("cannot read blob key=`{key}`")))?;
-            seen += chunk.len() as u64;
-            if let Some(c) = &self.read_counter {
-                c.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            }
-            if let Some(l) = &self.limit {
-                l.take(chunk.len() as u64).await;
-            }
-            if seen > want {
-                return Err(Error::corrupt(format!(
-                    "blob range is longer than asked key=`{key}` range={range:?}"
-                )));
-            }
-            hasher.update(&chunk);
+        while let Some(chunk) = r.next_chunk().await? {
             w.write_all(&chunk).await.map_err(werr)?;
         }
-        if seen != want {
-            return Err(Error::corrupt(format!(
-                "blob is truncated key=`{key}` expected_size={} range={range:?} got={seen}",
-                blob.size
-            )));
-        }
         w.flush().await.map_err(werr)?;
-        Ok(hasher.finalize_non_root())
+        r.range_hash().ok_or_else(|| {
+            Error::internal(format!(
+                "a whole-blob read in a ranged download key=`{key}`"
+            ))
+        })
     }
 
     /// Downloads many blobs with bounded parallelism.
@@ -574,6 +579,10 @@ pub struct BlobReader {
     counter: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
     key: Path,
     expected: BlobRef,
+    /// The bytes of the blob this reads: all of them, or one range.
+    range: std::ops::Range<u64>,
+    /// A range's BLAKE3 subtree hash, once read to its verified end.
+    range_hash: Option<blake3::hazmat::ChainingValue>,
     stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
     hasher: blake3::Hasher,
     seen: u64,
@@ -590,6 +599,18 @@ impl std::fmt::Debug for BlobReader {
 }
 
 impl BlobReader {
+    /// Bytes this read must deliver.
+    fn want(&self) -> u64 {
+        self.range.end - self.range.start
+    }
+
+    /// For a read of one range of a blob, once read to its end: the
+    /// range's BLAKE3 subtree hash (the blob's hash is checked when the
+    /// ranges are merged).
+    fn range_hash(&self) -> Option<blake3::hazmat::ChainingValue> {
+        self.range_hash
+    }
+
     /// The next chunk, `None` at the verified end.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
         if self.done {
@@ -607,10 +628,10 @@ impl BlobReader {
                 if let Some(l) = &self.limit {
                     l.take(chunk.len() as u64).await;
                 }
-                if self.seen > self.expected.size {
+                if self.seen > self.want() {
                     return Err(Error::corrupt(format!(
-                        "blob is longer than expected key=`{key}` expected_size={}",
-                        self.expected.size
+                        "blob is longer than expected key=`{key}` expected_size={} range={:?}",
+                        self.expected.size, self.range
                     )));
                 }
                 self.hasher.update(&chunk);
@@ -618,11 +639,16 @@ impl BlobReader {
             }
             None => {
                 self.done = true;
-                if self.seen != self.expected.size {
+                if self.seen != self.want() {
                     return Err(Error::corrupt(format!(
-                        "blob is truncated key=`{key}` expected_size={} actual_size={}",
-                        self.expected.size, self.seen
+                        "blob is truncated key=`{key}` expected_size={} range={:?} got={}",
+                        self.expected.size, self.range, self.seen
                     )));
+                }
+                if self.range != (0..self.expected.size) {
+                    use blake3::hazmat::HasherExt;
+                    self.range_hash = Some(self.hasher.finalize_non_root());
+                    return Ok(None);
                 }
                 let actual = BlobHash::from(self.hasher.finalize());
                 if actual != self.expected.hash {
