@@ -129,6 +129,8 @@ pub mod conformance;
 pub mod digest;
 pub mod error;
 pub mod format;
+#[cfg(feature = "kafka")]
+pub mod group;
 pub mod repo;
 pub mod restore;
 pub mod runtime;

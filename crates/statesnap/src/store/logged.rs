@@ -232,21 +232,31 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             // was never caught up. Applying the batch at its own offset would
             // claim them unapplied (invariant 9), so replay the whole tail —
             // which holds this batch too — in order instead.
-            tracing::warn!(
-                changelog = %self.changelog.id(),
-                expected,
-                first_offset,
-                "commit found changelog records the store had not applied; replaying them first \
-                 (is another writer appending to this changelog?)"
-            );
-            if let Err(e) = replay(
+            let report = match replay(
                 &mut self.store,
                 &self.changelog,
                 &ReplayOptions::default(),
                 &mut |_| {},
             ) {
-                self.behind = true;
-                return Err(e);
+                Ok(r) => r,
+                Err(e) => {
+                    self.behind = true;
+                    return Err(e);
+                }
+            };
+            // A log's own bookkeeping records (a Kafka writer claim before
+            // a new writer's first batch) hold offsets but no data: only
+            // records the replay applied beyond this batch are news.
+            let foreign = report.records.saturating_sub(records.len() as u64);
+            if foreign > 0 {
+                tracing::warn!(
+                    changelog = %self.changelog.id(),
+                    expected,
+                    first_offset,
+                    foreign,
+                    "commit found changelog records the store had not applied; replayed them \
+                     first (is another writer appending to this changelog?)"
+                );
             }
             return Ok(Some(info));
         }

@@ -1,0 +1,451 @@
+//! The stream processor: one process of the consumer group.
+//!
+//! It consumes the input topic in group `group` (cooperative-sticky
+//! assignment), keeps each user's [`UserState`] in a RocksDB store per input
+//! partition (changelog: a Kafka topic; snapshots: the repository), and
+//! writes one [`Output`](crate::model::Output) per input record to the
+//! output topic. Per batch of input records: apply them to the stores'
+//! pending writes, produce their outputs and wait until the broker has
+//! them, then commit the stores (state and input position in one changelog
+//! batch per partition). Rebalances open and close the stores through
+//! [`statesnap::group::GroupContext`].
+//!
+//! Guarantees: the state is exact (every input record applied once) through
+//! crashes, rebalances and outages; the output is at least once — a record
+//! delivered again after a crash produces an output identical to the first,
+//! identified by its input `(partition, offset)`.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{BorrowedMessage, DeliveryResult, Message};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use serde::{Deserialize, Serialize};
+use statesnap::group::{GroupContext, GroupOptions, MoveKind, PartitionMove, PartitionStores};
+use statesnap::restore::Source;
+use statesnap::runtime::{SnapshotPolicy, StoreSpec};
+use statesnap::{ChangelogId, KafkaChangelog, KafkaOptions, Repository, RocksFormat, StateManager};
+
+use crate::Result;
+use crate::model::{Event, UserState, apply, output, state_key};
+
+/// The store name in the repository and in the changelog topic
+/// (`<app>-users-changelog`).
+pub const STORE: &str = "users";
+
+/// One process's settings.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    /// This process's name, in reports.
+    pub name: String,
+    /// Kafka bootstrap servers.
+    pub bootstrap: String,
+    /// Repository URL (`s3://bucket/prefix`, `file:///dir`).
+    pub repo: String,
+    /// Application id: the consumer group, and the prefix of the store and
+    /// changelog names.
+    pub app_id: String,
+    /// Input topic (page-view events keyed by user).
+    pub input: String,
+    /// Output topic.
+    pub output: String,
+    /// Partitions of the changelog topic (= the input's).
+    pub partitions: i32,
+    /// Where this process keeps its stores.
+    pub data_dir: PathBuf,
+    /// JSON-lines file the partition moves are appended to.
+    pub report: Option<PathBuf>,
+    /// Background snapshot interval.
+    pub snapshot_every: Duration,
+    /// Consumer group session timeout (how long a crashed member holds its
+    /// partitions).
+    pub session_timeout: Duration,
+    /// Records per batch (one store commit per partition per batch).
+    pub batch: usize,
+    /// `partition.assignment.strategy`: `roundrobin` / `range` (eager) or
+    /// `cooperative-sticky`.
+    pub assignment: String,
+}
+
+/// One line of the move report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoveLine {
+    /// The process.
+    pub process: String,
+    /// Wall-clock time of the move's end (ms since the epoch; all processes
+    /// run on one machine).
+    pub at_ms: i64,
+    /// Input partition.
+    pub partition: i32,
+    /// `opened`, `closed`, `abandoned` or `failed`.
+    pub event: String,
+    /// For `opened`: `local`, `snapshot` or `replay`.
+    pub source: Option<String>,
+    /// The snapshot opened from or handed off.
+    pub snapshot: Option<String>,
+    /// For `opened`: changelog records replayed.
+    pub records_replayed: Option<u64>,
+    /// Input offset consumption resumes at / was handed over at.
+    pub position: Option<i64>,
+    /// For `closed`: whether it took a new snapshot.
+    pub took_snapshot: Option<bool>,
+    /// For `opened`: attempts.
+    pub attempts: Option<u32>,
+    /// How long the move took (open: until ready).
+    pub duration_ms: u64,
+    /// Error or reason.
+    pub detail: Option<String>,
+}
+
+impl MoveLine {
+    fn new(process: &str, m: &PartitionMove) -> MoveLine {
+        let mut line = MoveLine {
+            process: process.to_owned(),
+            at_ms: wall_clock_ms(),
+            partition: m.partition,
+            event: String::new(),
+            source: None,
+            snapshot: None,
+            records_replayed: None,
+            position: None,
+            took_snapshot: None,
+            attempts: None,
+            duration_ms: u64::try_from(m.duration.as_millis()).unwrap_or(u64::MAX),
+            detail: None,
+        };
+        match &m.kind {
+            MoveKind::Opened {
+                source,
+                records_replayed,
+                resume_at,
+                attempts,
+                ..
+            } => {
+                line.event = "opened".into();
+                let (kind, snapshot) = match source {
+                    Source::Local { .. } => ("local", None),
+                    Source::Snapshot { id, .. } => ("snapshot", Some(id.to_string())),
+                    Source::FullReplay => ("replay", None),
+                };
+                line.source = Some(kind.into());
+                line.snapshot = snapshot;
+                line.records_replayed = Some(*records_replayed);
+                line.position = *resume_at;
+                line.attempts = Some(*attempts);
+            }
+            MoveKind::Closed {
+                snapshot,
+                took_snapshot,
+                position,
+                ..
+            } => {
+                line.event = "closed".into();
+                line.snapshot = snapshot.map(|s| s.to_string());
+                line.took_snapshot = Some(*took_snapshot);
+                line.position = *position;
+            }
+            MoveKind::Abandoned { reason } => {
+                line.event = "abandoned".into();
+                line.detail = Some(reason.clone());
+            }
+            MoveKind::Failed { error } => {
+                line.event = "failed".into();
+                line.detail = Some(error.clone());
+            }
+        }
+        line
+    }
+}
+
+/// Report timestamps only: moves from several processes are put in order
+/// by them (the runtime itself never reads the wall clock).
+#[allow(clippy::disallowed_methods)]
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The stores of the app: one RocksDB store per input partition, its
+/// changelog a partition of `<app>-users-changelog`.
+#[derive(Debug)]
+pub struct Stores {
+    app_id: String,
+    kafka: KafkaOptions,
+    dir: PathBuf,
+}
+
+impl Stores {
+    /// The stores of `config`.
+    pub fn new(config: &AppConfig) -> Stores {
+        Stores {
+            app_id: config.app_id.clone(),
+            kafka: changelog_options(&config.bootstrap, config.partitions),
+            dir: config.data_dir.clone(),
+        }
+    }
+}
+
+/// The changelog's Kafka options.
+pub fn changelog_options(bootstrap: &str, partitions: i32) -> KafkaOptions {
+    KafkaOptions::new(bootstrap).partitions(partitions)
+}
+
+/// The spec of partition `partition`'s store, living in `dir`.
+pub fn store_spec(
+    app_id: &str,
+    kafka: &KafkaOptions,
+    partition: u32,
+    dir: PathBuf,
+) -> statesnap::Result<StoreSpec<RocksFormat, KafkaChangelog>> {
+    let log = KafkaChangelog::open(
+        ChangelogId::for_store(app_id, STORE, partition)?,
+        kafka.clone(),
+    )?;
+    StoreSpec::rocksdb(app_id, STORE, partition, log, dir)
+}
+
+impl PartitionStores for Stores {
+    type Format = RocksFormat;
+    type Changelog = KafkaChangelog;
+
+    fn spec(
+        &self,
+        _topic: &str,
+        partition: i32,
+    ) -> statesnap::Result<StoreSpec<RocksFormat, KafkaChangelog>> {
+        let p = u32::try_from(partition).map_err(|_| {
+            statesnap::Error::new(
+                statesnap::ErrorKind::Config,
+                format!("negative partition {partition}"),
+            )
+        })?;
+        store_spec(
+            &self.app_id,
+            &self.kafka,
+            p,
+            self.dir.join(format!("{STORE}-{p}")),
+        )
+    }
+}
+
+/// Counts output records the broker refused for good.
+#[derive(Debug, Default)]
+struct Delivery {
+    failed: AtomicU64,
+}
+
+impl ClientContext for Delivery {}
+
+impl ProducerContext for Delivery {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            tracing::error!(error = %e, "output record not delivered");
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+type Consumer_ = BaseConsumer<GroupContext<Stores>>;
+
+/// Runs one process of the app until `stop` is set (or SIGTERM / Ctrl-C
+/// arrives), then hands its partitions off and leaves the group.
+pub fn run(config: AppConfig, stop: Arc<AtomicBool>) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let _enter = runtime.enter();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let on_signal = stop.clone();
+    runtime.spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        on_signal.store(true, Ordering::Relaxed);
+    });
+    let repo = runtime.block_on(Repository::open(&config.repo, Default::default()))?;
+    let manager = StateManager::builder(repo)
+        .policy(
+            SnapshotPolicy::default()
+                .every(config.snapshot_every)
+                .close_deadline(Duration::from_secs(60)),
+        )
+        .build()?;
+    let context = GroupContext::new(
+        manager.clone(),
+        runtime.handle().clone(),
+        Stores::new(&config),
+        GroupOptions::default(),
+    );
+    let mut consumer_config = ClientConfig::new();
+    if let Ok(debug) = std::env::var("PAGEVIEWS_KAFKA_DEBUG") {
+        // librdkafka's debug contexts, e.g. `cgrp` for the group protocol.
+        consumer_config.set("debug", debug);
+    }
+    let consumer: Consumer_ = consumer_config
+        .set("bootstrap.servers", &config.bootstrap)
+        .set("group.id", &config.app_id)
+        .set("client.id", &config.name)
+        .set("partition.assignment.strategy", &config.assignment)
+        .set(
+            "session.timeout.ms",
+            config.session_timeout.as_millis().to_string(),
+        )
+        .set("heartbeat.interval.ms", "1000")
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "500")
+        .set("enable.auto.offset.store", "false")
+        .create_with_context(context)?;
+    let producer: ThreadedProducer<Delivery> = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "300000")
+        .create_with_context(Delivery::default())?;
+    consumer.subscribe(&[&config.input])?;
+    let mut report = match &config.report {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+        None => None,
+    };
+    let mut write_moves = |consumer: &Consumer_| -> Result<()> {
+        for m in consumer.context().take_moves() {
+            let line = MoveLine::new(&config.name, &m);
+            if let Some(f) = report.as_mut() {
+                writeln!(f, "{}", serde_json::to_string(&line)?)?;
+                f.flush()?;
+            }
+        }
+        Ok(())
+    };
+    tracing::info!(name = %config.name, "consuming `{}`", config.input);
+    while !stop.load(Ordering::Relaxed) {
+        let batch_end = Instant::now() + Duration::from_millis(100);
+        let mut produced = 0usize;
+        let mut polled = 0usize;
+        while polled < config.batch {
+            let left = batch_end.saturating_duration_since(Instant::now());
+            let Some(m) = consumer.poll(left) else { break };
+            polled += 1;
+            match m {
+                Ok(m) => produced += process(&consumer, &producer, &config.output, &m)?,
+                Err(e) => tracing::warn!(error = %e, "consumer error"),
+            }
+            if left.is_zero() {
+                break;
+            }
+        }
+        write_moves(&consumer)?;
+        if let Some(e) = consumer.context().take_error() {
+            return Err(format!("{}: a store could not be opened: {e}", config.name).into());
+        }
+        if produced > 0 {
+            // Outputs before state: a crash between the two repeats outputs
+            // (identical ones), never loses them.
+            producer.flush(Duration::from_secs(300))?;
+            let failed = producer.context().failed.load(Ordering::Relaxed);
+            if failed > 0 {
+                return Err(format!(
+                    "{}: {failed} output records were not delivered; exiting without committing \
+                     their state (the next owner processes them again)",
+                    config.name
+                )
+                .into());
+            }
+        }
+        if let Err(e) = consumer.context().commit_all(&consumer) {
+            tracing::warn!(error = %e, "store commit failed; retried with the next batch");
+        }
+    }
+    tracing::info!(name = %config.name, "stopping: handing partitions off");
+    consumer.context().close_all();
+    write_moves(&consumer)?;
+    drop(consumer);
+    runtime.block_on(manager.shutdown());
+    Ok(())
+}
+
+/// Applies one input record; returns the number of outputs produced (0 or 1).
+fn process(
+    consumer: &Consumer_,
+    producer: &ThreadedProducer<Delivery>,
+    output_topic: &str,
+    m: &BorrowedMessage<'_>,
+) -> Result<usize> {
+    let (partition, offset) = (m.partition(), m.offset());
+    let event: Option<Event> = m.payload().and_then(|p| serde_json::from_slice(p).ok());
+    let out =
+        consumer
+            .context()
+            .with_partition(m.topic(), partition, |p| -> statesnap::Result<_> {
+                if !p.is_new(offset) {
+                    return Ok(None);
+                }
+                let Some(event) = event else {
+                    tracing::warn!(
+                        partition,
+                        offset,
+                        "skipping a record that is not a page-view event"
+                    );
+                    p.processed(offset);
+                    return Ok(None);
+                };
+                let key = state_key(&event.user);
+                let prev: Option<UserState> = match p.handle().get(&key)? {
+                    Some(v) => Some(serde_json::from_slice(&v).map_err(|e| {
+                        statesnap::Error::new(
+                            statesnap::ErrorKind::Corrupt,
+                            format!("state of user `{}` does not decode: {e}", event.user),
+                        )
+                    })?),
+                    None => None,
+                };
+                p.processed(offset);
+                if prev.as_ref().is_some_and(|s| s.last_offset >= offset) {
+                    // Applied before a crash: its output went out then.
+                    return Ok(None);
+                }
+                let next = apply(prev.as_ref(), &event, offset);
+                let value = serde_json::to_vec(&next).map_err(|e| {
+                    statesnap::Error::new(
+                        statesnap::ErrorKind::Internal,
+                        format!("encoding user state: {e}"),
+                    )
+                })?;
+                p.handle_mut().put(key, value);
+                Ok(Some(output(&event.user, partition, offset, &next)))
+            });
+    let Some(out) = out.transpose()?.flatten() else {
+        return Ok(0);
+    };
+    let payload = serde_json::to_vec(&out)?;
+    let mut record = BaseRecord::to(output_topic)
+        .key(out.user.as_bytes())
+        .payload(&payload)
+        .partition(partition);
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(1),
+            Err((e, r)) => {
+                // Queue full: wait for deliveries.
+                tracing::debug!(error = %e, "output queue full");
+                std::thread::sleep(Duration::from_millis(10));
+                record = r;
+            }
+        }
+    }
+}

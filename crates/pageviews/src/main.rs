@@ -1,0 +1,224 @@
+//! `pageviews`: the example stream processor's command line.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use pageviews::app::{self, AppConfig};
+use pageviews::{bench, scenario};
+
+#[derive(Parser, Debug)]
+#[command(about = "Page views per user in a Kafka consumer group, its state on statesnap")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Runs one process of the group until SIGTERM or Ctrl-C, then hands its
+    /// partitions off.
+    Run {
+        /// This process's name (reports, client id).
+        #[arg(long)]
+        name: String,
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "STATESNAP_TEST_KAFKA_BOOTSTRAP")]
+        bootstrap: String,
+        /// Repository URL.
+        #[arg(long, env = "STATESNAP_TEST_S3_URL")]
+        repo: String,
+        /// Application id: consumer group, store and changelog prefix.
+        #[arg(long, default_value = "pageviews")]
+        app_id: String,
+        /// Input topic.
+        #[arg(long)]
+        input: String,
+        /// Output topic.
+        #[arg(long)]
+        output: String,
+        /// Partitions of the input (and of the changelog topic).
+        #[arg(long, default_value_t = 6)]
+        partitions: i32,
+        /// Where this process keeps its stores.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// JSON-lines file partition moves are appended to.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Background snapshot interval.
+        #[arg(long, default_value_t = 1000)]
+        snapshot_every_ms: u64,
+        /// Consumer group session timeout.
+        #[arg(long, default_value_t = 6000)]
+        session_timeout_ms: u64,
+        /// Input records per batch.
+        #[arg(long, default_value_t = 2000)]
+        batch: usize,
+        /// Partition assignment strategy (`roundrobin`, `range`: eager;
+        /// `cooperative-sticky`).
+        #[arg(long, default_value = "roundrobin")]
+        assignment: String,
+    },
+    /// Runs the moving-partitions scenario (processes join, leave, are
+    /// killed while input flows) and checks the result against a model.
+    Scenario {
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "STATESNAP_TEST_KAFKA_BOOTSTRAP")]
+        bootstrap: String,
+        /// Repository URL (a prefix of its own is used under it).
+        #[arg(long, env = "STATESNAP_TEST_S3_URL")]
+        repo: String,
+        /// Working directory (default: a new temporary one).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Input partitions.
+        #[arg(long, default_value_t = 6)]
+        partitions: i32,
+        /// Input events per second.
+        #[arg(long, default_value_t = 1000)]
+        rate: u64,
+        /// Seconds each phase lets the group settle.
+        #[arg(long, default_value_t = 4)]
+        settle_secs: u64,
+    },
+    /// Time to ready of a moved partition: handoff snapshot vs full replay.
+    Bench {
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "STATESNAP_TEST_KAFKA_BOOTSTRAP")]
+        bootstrap: String,
+        /// Repository URL (a prefix of its own is used under it).
+        #[arg(long, env = "STATESNAP_TEST_S3_URL")]
+        repo: String,
+        /// Keys in the partition.
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Scratch directory (default: a new temporary one).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// A name no earlier run used: topics, group and repository prefix of a run.
+fn run_id(prefix: &str) -> String {
+    format!("{prefix}-{}", ulid_like())
+}
+
+#[allow(clippy::disallowed_methods)] // a unique name, not a timestamp anyone reads
+fn ulid_like() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("{t:x}{:x}", std::process::id())
+}
+
+fn scratch(dir: Option<PathBuf>, name: &str) -> pageviews::Result<PathBuf> {
+    match dir {
+        Some(d) => Ok(d),
+        None => Ok(std::env::temp_dir().join(name)),
+    }
+}
+
+fn run(cli: Cli) -> pageviews::Result<()> {
+    match cli.command {
+        Cmd::Run {
+            name,
+            bootstrap,
+            repo,
+            app_id,
+            input,
+            output,
+            partitions,
+            data_dir,
+            report,
+            snapshot_every_ms,
+            session_timeout_ms,
+            batch,
+            assignment,
+        } => app::run(
+            AppConfig {
+                name,
+                bootstrap,
+                repo,
+                app_id,
+                input,
+                output,
+                partitions,
+                data_dir,
+                report,
+                snapshot_every: Duration::from_millis(snapshot_every_ms),
+                session_timeout: Duration::from_millis(session_timeout_ms),
+                batch,
+                assignment,
+            },
+            Arc::new(AtomicBool::new(false)),
+        ),
+        Cmd::Scenario {
+            bootstrap,
+            repo,
+            dir,
+            partitions,
+            rate,
+            settle_secs,
+        } => {
+            let id = run_id("pv");
+            let dir = scratch(dir, &id)?;
+            let config = scenario::ScenarioConfig {
+                bin: std::env::current_exe()?,
+                bootstrap,
+                repo: format!("{}/{id}", repo.trim_end_matches('/')),
+                dir,
+                app_id: id,
+                partitions,
+                users: 3000,
+                rate,
+                settle: Duration::from_secs(settle_secs),
+                session_timeout: Duration::from_secs(6),
+                env: Vec::new(),
+            };
+            eprintln!("scenario `{}` in {}", config.app_id, config.dir.display());
+            let report = scenario::run(&config)?;
+            println!("{}", scenario::table(&report));
+            println!(
+                "exact: every partition's state and the de-duplicated output equal the single-process model"
+            );
+            Ok(())
+        }
+        Cmd::Bench {
+            bootstrap,
+            repo,
+            keys,
+            dir,
+        } => {
+            let id = run_id("pvbench");
+            let dir = scratch(dir, &id)?;
+            let runtime = tokio::runtime::Runtime::new()?;
+            let result = runtime.block_on(bench::handoff(&bench::HandoffConfig {
+                bootstrap,
+                repo: format!("{}/{id}", repo.trim_end_matches('/')),
+                dir: dir.clone(),
+                app_id: id,
+                keys,
+            }))?;
+            println!("{result}");
+            let _ = std::fs::remove_dir_all(dir);
+            Ok(())
+        }
+    }
+}

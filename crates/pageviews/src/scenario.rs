@@ -1,0 +1,667 @@
+//! The moving-partitions scenario: several processes of the app share the
+//! input's partitions while input keeps flowing — two start, a third
+//! joins, one leaves gracefully, one is SIGKILLed, the first comes back —
+//! and the end result is checked against a single-process model.
+//!
+//! `pageviews scenario` runs it against a running broker and repository
+//! and prints the per-move report; the crate's integration test runs it
+//! against the servers the test script starts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use statesnap::group::recorded_position;
+use statesnap::restore::Source;
+use statesnap::{Repository, StateManager};
+
+use crate::Result;
+use crate::app::{MoveLine, STORE, changelog_options, store_spec};
+use crate::kafka::{committed_offsets, create_topics, end_offsets, read_topic};
+use crate::model::{Model, Output, UserState, events};
+
+/// What to run against.
+#[derive(Debug, Clone)]
+pub struct ScenarioConfig {
+    /// The `pageviews` binary the processes run.
+    pub bin: PathBuf,
+    /// Kafka bootstrap servers.
+    pub bootstrap: String,
+    /// Repository URL (created if missing).
+    pub repo: String,
+    /// Working directory: each process's stores, logs and move reports.
+    pub dir: PathBuf,
+    /// Application id (consumer group; topic and store prefix). Use a fresh
+    /// one per run.
+    pub app_id: String,
+    /// Input partitions.
+    pub partitions: i32,
+    /// Distinct users.
+    pub users: u64,
+    /// Input events per second while the processes come and go.
+    pub rate: u64,
+    /// Seconds each phase lets the group settle and process.
+    pub settle: Duration,
+    /// Consumer group session timeout of the processes.
+    pub session_timeout: Duration,
+    /// Extra environment for the processes.
+    pub env: Vec<(String, String)>,
+}
+
+/// What the scenario saw and checked.
+#[derive(Debug, Clone, Default)]
+pub struct ScenarioReport {
+    /// Every partition move of every process, in time order.
+    pub moves: Vec<MoveLine>,
+    /// Input records.
+    pub input_records: usize,
+    /// Output records, and how many were repeats of an earlier one.
+    pub output_records: usize,
+    /// Repeated outputs (identical to the first).
+    pub output_repeats: usize,
+    /// Users whose final state was compared.
+    pub users_checked: usize,
+    /// How each partition's final handoff opened for the check:
+    /// `(partition, source, records replayed)`.
+    pub final_opens: Vec<(i32, String, u64)>,
+    /// Processes SIGKILLed, by name.
+    pub killed: Vec<String>,
+    /// What every move is, for the report: `local`, `handoff snapshot`,
+    /// `older snapshot`, `replay`, or the event for closes.
+    pub classified: Vec<(MoveLine, String)>,
+}
+
+/// A running process of the app.
+#[derive(Debug)]
+struct Proc {
+    name: String,
+    child: Child,
+    report: PathBuf,
+}
+
+impl Proc {
+    fn spawn(config: &ScenarioConfig, name: &str) -> Result<Proc> {
+        let data = config.dir.join(name.trim_end_matches(char::is_numeric));
+        std::fs::create_dir_all(&data)?;
+        let report = config.dir.join(format!("{name}.moves.jsonl"));
+        let log = std::fs::File::create(config.dir.join(format!("{name}.log")))?;
+        let mut cmd = Command::new(&config.bin);
+        cmd.arg("run")
+            .args(["--name", name])
+            .args(["--bootstrap", &config.bootstrap])
+            .args(["--repo", &config.repo])
+            .args(["--app-id", &config.app_id])
+            .args(["--input", &input_topic(&config.app_id)])
+            .args(["--output", &output_topic(&config.app_id)])
+            .args(["--partitions", &config.partitions.to_string()])
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--report")
+            .arg(&report)
+            .args(["--snapshot-every-ms", "1000"])
+            .args([
+                "--session-timeout-ms",
+                &config.session_timeout.as_millis().to_string(),
+            ])
+            .env(
+                "RUST_LOG",
+                std::env::var("PAGEVIEWS_RUST_LOG").unwrap_or_else(|_| "info,rdkafka=warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        for (k, v) in &config.env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn()?;
+        Ok(Proc {
+            name: name.to_owned(),
+            child,
+            report,
+        })
+    }
+
+    fn moves(&self) -> Vec<MoveLine> {
+        read_moves(&self.report)
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    fn stop(&mut self, within: Duration) -> Result<()> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        if !status.success() {
+            return Err(format!("kill -TERM {} failed", self.name).into());
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if status.success() {
+                    return Ok(());
+                }
+                return Err(format!("{} exited with {status}", self.name).into());
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return Err(format!("{} did not stop within {within:?}", self.name).into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            return Err(format!("{} exited early with {status}", self.name).into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn read_moves(path: &Path) -> Vec<MoveLine> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The input topic of `app_id`.
+pub fn input_topic(app_id: &str) -> String {
+    format!("{app_id}-pageviews")
+}
+
+/// The output topic of `app_id`.
+pub fn output_topic(app_id: &str) -> String {
+    format!("{app_id}-user-activity")
+}
+
+/// Feeds the input topic at a steady rate on a thread of its own.
+#[derive(Debug)]
+pub struct Feeder {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<Result<u64>>>,
+}
+
+impl Feeder {
+    /// Starts feeding `rate` events per second over `users` users.
+    pub fn start(bootstrap: &str, topic: &str, users: u64, rate: u64) -> Result<Feeder> {
+        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "300000")
+            .create()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let (stop2, sent2, topic) = (stop.clone(), sent.clone(), topic.to_owned());
+        let thread = std::thread::spawn(move || -> Result<u64> {
+            let started = Instant::now();
+            let mut i = 0u64;
+            while !stop2.load(Ordering::Relaxed) {
+                let due = started.elapsed().as_secs_f64() * rate as f64;
+                while (i as f64) < due {
+                    let e = &events(42, users, i, 1, 1_700_000_000_000)[0];
+                    let payload = serde_json::to_vec(e)?;
+                    let mut r = BaseRecord::to(&topic)
+                        .key(e.user.as_bytes())
+                        .payload(&payload);
+                    loop {
+                        match producer.send(r) {
+                            Ok(()) => break,
+                            Err((_, back)) => {
+                                r = back;
+                                std::thread::sleep(Duration::from_millis(5));
+                            }
+                        }
+                    }
+                    i += 1;
+                    sent2.store(i, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            producer.flush(Duration::from_secs(120))?;
+            Ok(i)
+        });
+        Ok(Feeder {
+            stop,
+            sent,
+            thread: Some(thread),
+        })
+    }
+
+    /// Events sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Stops, waits until the broker has every event, returns the count.
+    pub fn finish(mut self) -> Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err("the feeder thread panicked".into()),
+            None => Ok(self.sent()),
+        }
+    }
+}
+
+impl Drop for Feeder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Creates the topics and the repository of a run.
+pub async fn prepare(config: &ScenarioConfig) -> Result<()> {
+    let (input, output) = (input_topic(&config.app_id), output_topic(&config.app_id));
+    create_topics(
+        &config.bootstrap,
+        &[(&input, config.partitions), (&output, config.partitions)],
+    )
+    .await?;
+    // The changelog topic, compacted, created by the changelog itself.
+    let kafka = changelog_options(&config.bootstrap, config.partitions);
+    drop(statesnap::KafkaChangelog::open(
+        statesnap::ChangelogId::for_store(&config.app_id, STORE, 0)?,
+        kafka,
+    )?);
+    match Repository::init(&config.repo, Default::default()).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == statesnap::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        if done()? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("timed out after {within:?} waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until the group has consumed the input to its end.
+fn wait_consumed(config: &ScenarioConfig, procs: &mut [&mut Proc], within: Duration) -> Result<()> {
+    let input = input_topic(&config.app_id);
+    let ends = end_offsets(&config.bootstrap, &input)?;
+    wait_until("the group to consume the whole input", within, || {
+        for p in procs.iter_mut() {
+            p.check_alive()?;
+        }
+        let committed = committed_offsets(&config.bootstrap, &config.app_id, &input)?;
+        Ok(ends
+            .iter()
+            .all(|(p, end)| committed.get(p).is_some_and(|c| c >= end)))
+    })
+}
+
+fn opened_by(p: &Proc) -> BTreeSet<i32> {
+    let mut held = BTreeSet::new();
+    for m in p.moves() {
+        match m.event.as_str() {
+            "opened" => {
+                held.insert(m.partition);
+            }
+            _ => {
+                held.remove(&m.partition);
+            }
+        }
+    }
+    held
+}
+
+/// Runs the scenario and checks the result; `Err` says what failed.
+pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
+    std::fs::create_dir_all(&config.dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(prepare(config))?;
+    let input = input_topic(&config.app_id);
+    let feeder = Feeder::start(&config.bootstrap, &input, config.users, config.rate)?;
+    let all: BTreeSet<i32> = (0..config.partitions).collect();
+    let settle = config.settle;
+    let log = |what: &str| eprintln!("[scenario] {what}");
+
+    log("start a and b");
+    let mut a = Proc::spawn(config, "a")?;
+    let mut b = Proc::spawn(config, "b")?;
+    wait_until(
+        "a and b to own every partition",
+        Duration::from_secs(60),
+        || {
+            a.check_alive()?;
+            b.check_alive()?;
+            let held: BTreeSet<i32> = opened_by(&a).union(&opened_by(&b)).copied().collect();
+            Ok(held == all)
+        },
+    )?;
+    std::thread::sleep(settle);
+
+    log("c joins");
+    let mut c = Proc::spawn(config, "c")?;
+    wait_until("c to own partitions", Duration::from_secs(60), || {
+        c.check_alive()?;
+        Ok(!opened_by(&c).is_empty())
+    })?;
+    std::thread::sleep(settle);
+
+    log("a leaves gracefully");
+    a.stop(Duration::from_secs(90))?;
+    std::thread::sleep(settle);
+
+    log("b is SIGKILLed");
+    let b_held = opened_by(&b);
+    b.child.kill()?;
+    b.child.wait()?;
+    // The group notices at the session timeout. tansu 0.6.0 then
+    // rebalances but hands the survivors their previous assignment (the
+    // generation is not bumped and SyncGroup returns the stale one), so b's
+    // partitions stay unowned until the membership changes again: a joins
+    // back. A Kafka broker reassigns them at the session timeout.
+    std::thread::sleep(config.session_timeout + Duration::from_secs(2));
+
+    log("a comes back (its local stores are still there) and the group takes b's partitions");
+    let mut a2 = Proc::spawn(config, "a2")?;
+    wait_until(
+        "c and a2 to own every partition",
+        config.session_timeout * 4 + Duration::from_secs(60),
+        || {
+            c.check_alive()?;
+            a2.check_alive()?;
+            let held: BTreeSet<i32> = opened_by(&c).union(&opened_by(&a2)).copied().collect();
+            Ok(held == all && !opened_by(&a2).is_empty())
+        },
+    )?;
+    std::thread::sleep(settle);
+
+    log("input stops; waiting for the group to catch up");
+    let sent = feeder.finish()?;
+    wait_consumed(config, &mut [&mut c, &mut a2], Duration::from_secs(180))?;
+    log("c and a2 stop gracefully");
+    c.stop(Duration::from_secs(90))?;
+    a2.stop(Duration::from_secs(90))?;
+
+    let mut moves: Vec<MoveLine> = [&a, &b, &c, &a2].iter().flat_map(|p| p.moves()).collect();
+    moves.sort_by_key(|m| m.at_ms);
+    let mut report = ScenarioReport {
+        moves: moves.clone(),
+        killed: vec![b.name.clone()],
+        ..Default::default()
+    };
+    report.classified = classify(&moves);
+    check_moves(&moves, &b.name, &b_held)?;
+    runtime.block_on(verify(config, &mut report))?;
+    if report.input_records as u64 != sent {
+        return Err(format!(
+            "the input holds {} records, the feeder sent {sent}",
+            report.input_records
+        )
+        .into());
+    }
+    Ok(report)
+}
+
+/// Names each open by where its state came from: `local`, `handoff
+/// snapshot` (a snapshot a close handed over), `older snapshot`
+/// (background), or `replay`.
+pub fn classify(moves: &[MoveLine]) -> Vec<(MoveLine, String)> {
+    let handed: BTreeSet<&str> = moves
+        .iter()
+        .filter(|m| m.event == "closed")
+        .filter_map(|m| m.snapshot.as_deref())
+        .collect();
+    moves
+        .iter()
+        .map(|m| {
+            let what = match (m.event.as_str(), m.source.as_deref()) {
+                ("opened", Some("local")) => "local".to_owned(),
+                ("opened", Some("snapshot")) => {
+                    if m.snapshot.as_deref().is_some_and(|s| handed.contains(s)) {
+                        "handoff snapshot".to_owned()
+                    } else {
+                        "older snapshot".to_owned()
+                    }
+                }
+                ("opened", Some("replay")) => "replay".to_owned(),
+                (e, _) => e.to_owned(),
+            };
+            (m.clone(), what)
+        })
+        .collect()
+}
+
+/// The move invariants: an open after a graceful close replays nothing;
+/// the partitions of the killed process open from a snapshot, not a full
+/// replay; nothing failed.
+pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>) -> Result<()> {
+    for (i, m) in moves.iter().enumerate() {
+        if m.event == "failed" {
+            return Err(format!("a store failed to open: {m:?}").into());
+        }
+        let next_open = || {
+            moves[i + 1..]
+                .iter()
+                .find(|n| n.partition == m.partition && n.event == "opened")
+        };
+        if m.event == "closed"
+            && let Some(n) = next_open()
+            && n.records_replayed != Some(0)
+        {
+            return Err(format!(
+                "partition {} was handed off by {} (snapshot {:?}) and then opened by {} \
+                 replaying {:?} records, expected 0: {n:?}",
+                m.partition, m.process, m.snapshot, n.process, n.records_replayed
+            )
+            .into());
+        }
+    }
+    for p in killed_held {
+        // The killed process's last open of p, then the next open elsewhere.
+        let Some(last) = moves
+            .iter()
+            .rposition(|m| m.process == killed && m.partition == *p && m.event == "opened")
+        else {
+            continue;
+        };
+        let Some(n) = moves[last + 1..]
+            .iter()
+            .find(|n| n.partition == *p && n.event == "opened")
+        else {
+            return Err(
+                format!("partition {p} of the killed process was never opened again").into(),
+            );
+        };
+        if n.source.as_deref() != Some("snapshot") && n.source.as_deref() != Some("local") {
+            return Err(format!(
+                "partition {p} of the killed process reopened by {} from {:?}, expected its last \
+                 background snapshot and the tail",
+                n.process, n.source
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Compares outputs and every partition's final state with the model.
+pub async fn verify(config: &ScenarioConfig, report: &mut ScenarioReport) -> Result<()> {
+    let input = read_topic(&config.bootstrap, &input_topic(&config.app_id))?;
+    let mut model = Model::default();
+    for r in &input {
+        model.feed(r.partition, r.offset, &r.value);
+    }
+    report.input_records = input.len();
+    let ends = end_offsets(&config.bootstrap, &input_topic(&config.app_id))?;
+
+    let output = read_topic(&config.bootstrap, &output_topic(&config.app_id))?;
+    let mut seen: BTreeMap<(i32, i64), Output> = BTreeMap::new();
+    for r in &output {
+        let o: Output = serde_json::from_slice(&r.value).map_err(|e| {
+            format!(
+                "output at {}/{} does not decode: {e}",
+                r.partition, r.offset
+            )
+        })?;
+        let key = (o.partition, o.offset);
+        if let Some(first) = seen.get(&key) {
+            if first != &o {
+                return Err(format!(
+                    "output for input {key:?} repeated with another value: {first:?} then {o:?}"
+                )
+                .into());
+            }
+            report.output_repeats += 1;
+        } else {
+            seen.insert(key, o);
+        }
+    }
+    report.output_records = output.len();
+    if seen != model.outputs {
+        let missing: Vec<_> = model
+            .outputs
+            .keys()
+            .filter(|k| !seen.contains_key(k))
+            .take(5)
+            .collect();
+        let wrong: Vec<_> = model
+            .outputs
+            .iter()
+            .filter(|(k, v)| seen.get(k).is_some_and(|s| s != *v))
+            .take(3)
+            .collect();
+        return Err(format!(
+            "outputs differ from the model: {} distinct vs {} expected; missing e.g. {missing:?}; \
+             different e.g. {wrong:?}",
+            seen.len(),
+            model.outputs.len()
+        )
+        .into());
+    }
+
+    let repo = Repository::open(&config.repo, Default::default()).await?;
+    let manager = StateManager::builder(repo).build()?;
+    let kafka = changelog_options(&config.bootstrap, config.partitions);
+    for p in 0..config.partitions {
+        let dir = config.dir.join("verify").join(p.to_string());
+        let spec = store_spec(&config.app_id, &kafka, p as u32, dir)?;
+        let handle = manager.open(spec).await?;
+        let r = handle.report();
+        let source = match &r.source {
+            Source::Local { .. } => "local",
+            Source::Snapshot { .. } => "snapshot",
+            Source::FullReplay => "replay",
+        };
+        report
+            .final_opens
+            .push((p, source.to_owned(), r.replay.records));
+        let mut states: BTreeMap<String, UserState> = BTreeMap::new();
+        for kv in handle.range(
+            std::ops::Bound::Included(b"user/".as_slice()),
+            std::ops::Bound::Excluded(b"user0".as_slice()),
+        )? {
+            let (k, v) = kv?;
+            let user = String::from_utf8_lossy(&k["user/".len()..]).into_owned();
+            states.insert(user, serde_json::from_slice(&v)?);
+        }
+        let expected = model.states.get(&p).cloned().unwrap_or_default();
+        if states != expected {
+            let diff: Vec<_> = expected
+                .iter()
+                .filter(|(u, s)| states.get(*u) != Some(s))
+                .take(3)
+                .map(|(u, s)| (u.clone(), s.clone(), states.get(u).cloned()))
+                .collect();
+            return Err(format!(
+                "partition {p}: state differs from the model ({} users vs {} expected); e.g. \
+                 (user, expected, found) {diff:?}",
+                states.len(),
+                expected.len()
+            )
+            .into());
+        }
+        let position = recorded_position(&handle)?;
+        let end = ends.get(&p).copied().unwrap_or(0);
+        if end > 0 && position != Some(end) {
+            return Err(format!(
+                "partition {p}: the state's input position is {position:?}, the input ends at {end}"
+            )
+            .into());
+        }
+        report.users_checked += states.len();
+        handle.abandon().await;
+        if r_records(&report.final_opens, p) != 0 {
+            return Err(format!(
+                "partition {p}: opening after the final handoff replayed {} records, expected 0",
+                r_records(&report.final_opens, p)
+            )
+            .into());
+        }
+    }
+    manager.shutdown().await;
+    Ok(())
+}
+
+fn r_records(opens: &[(i32, String, u64)], p: i32) -> u64 {
+    opens.iter().find(|o| o.0 == p).map_or(0, |o| o.2)
+}
+
+/// The report as a table.
+pub fn table(report: &ScenarioReport) -> String {
+    let mut t = comfy_table::Table::new();
+    t.set_header([
+        "process",
+        "partition",
+        "move",
+        "source",
+        "records replayed",
+        "input position",
+        "ms",
+    ]);
+    for (m, what) in &report.classified {
+        t.add_row([
+            m.process.clone(),
+            m.partition.to_string(),
+            m.event.clone(),
+            if m.event == "opened" {
+                what.clone()
+            } else {
+                m.detail.clone().unwrap_or_default()
+            },
+            m.records_replayed
+                .map(|r| r.to_string())
+                .unwrap_or_default(),
+            m.position.map(|p| p.to_string()).unwrap_or_default(),
+            m.duration_ms.to_string(),
+        ]);
+    }
+    format!(
+        "{t}\ninput records: {}; outputs: {} ({} repeats, identical); users checked: {}; \
+         final opens (partition, source, replayed): {:?}",
+        report.input_records,
+        report.output_records,
+        report.output_repeats,
+        report.users_checked,
+        report.final_opens
+    )
+}

@@ -1,0 +1,101 @@
+//! The moving-partitions scenario against the real servers the test script
+//! starts (tansu: `STATESNAP_TEST_KAFKA_BOOTSTRAP`; s3s-fs:
+//! `STATESNAP_TEST_S3_URL` and `AWS_*`). Unset, the test is skipped loudly,
+//! or fails when `STATESNAP_REQUIRE_KAFKA=1` / `STATESNAP_REQUIRE_S3=1`.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use pageviews::scenario::{self, ScenarioConfig};
+
+fn env_or_skip(var: &str, require: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ => {
+            assert!(
+                std::env::var(require).as_deref() != Ok("1"),
+                "{require}=1 but {var} is not set: run scripts/test.sh, which starts the servers"
+            );
+            eprintln!("SKIPPED: {var} is not set (run scripts/test.sh to start the servers)");
+            None
+        }
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{}", std::process::id(), ulid_ms())
+}
+
+#[allow(clippy::disallowed_methods)] // a unique name, not a time anyone reads
+fn ulid_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// Two processes share 6 partitions; a third joins; one leaves gracefully;
+/// one is SIGKILLed; the first comes back; input flows throughout. The
+/// scenario fails unless every partition's state and the de-duplicated
+/// output equal the single-process model, every open after a graceful
+/// handoff replayed nothing, and the killed process's partitions came back
+/// from a snapshot (not a full replay).
+#[test]
+fn partitions_move_between_processes_and_state_stays_exact() {
+    let Some(bootstrap) = env_or_skip("STATESNAP_TEST_KAFKA_BOOTSTRAP", "STATESNAP_REQUIRE_KAFKA")
+    else {
+        return;
+    };
+    let Some(repo) = env_or_skip("STATESNAP_TEST_S3_URL", "STATESNAP_REQUIRE_S3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let id = unique("pvt");
+    let config = ScenarioConfig {
+        bin: env!("CARGO_BIN_EXE_pageviews").into(),
+        bootstrap,
+        repo: format!("{}/{id}", repo.trim_end_matches('/')),
+        dir: dir.path().to_owned(),
+        app_id: id,
+        partitions: 6,
+        users: 3000,
+        rate: 800,
+        settle: Duration::from_secs(3),
+        session_timeout: Duration::from_secs(6),
+        env: Vec::new(),
+    };
+    let report = match scenario::run(&config) {
+        Ok(r) => r,
+        Err(e) => {
+            for name in ["a", "b", "c", "a2"] {
+                let log = std::fs::read_to_string(dir.path().join(format!("{name}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                eprintln!(
+                    "--- {name}.log (last lines, newest first)\n{}",
+                    tail.join("\n")
+                );
+            }
+            panic!("scenario failed: {e}");
+        }
+    };
+    println!("{}", scenario::table(&report));
+    // What the scenario checked, visible here too.
+    assert!(report.input_records > 0);
+    assert_eq!(report.final_opens.len(), 6);
+    assert!(
+        report
+            .final_opens
+            .iter()
+            .all(|(_, source, replayed)| source == "snapshot" && *replayed == 0)
+    );
+    let kinds: Vec<&str> = report.classified.iter().map(|(_, k)| k.as_str()).collect();
+    assert!(
+        kinds.contains(&"handoff snapshot"),
+        "no open used a handoff snapshot: {kinds:?}"
+    );
+    assert!(
+        kinds.contains(&"older snapshot"),
+        "the killed process's partitions did not come from a background snapshot: {kinds:?}"
+    );
+    assert_eq!(report.killed, vec!["b".to_owned()]);
+}
