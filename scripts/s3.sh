@@ -3,7 +3,7 @@
 #
 #   source scripts/s3.sh
 #   trap s3_stop EXIT           # the caller owns the EXIT trap
-#   s3_install && s3_start      # exports STATESNAP_TEST_S3_URL, AWS_*
+#   s3_install && s3_start      # exports STATESNAP_TEST_S3_URL, STATESNAP_TEST_S3_BIN, AWS_*
 #   cargo test ...
 #   s3_stop                     # idempotent
 #
@@ -70,6 +70,8 @@ s3_start() {
     # Keep keys short: s3s-fs stores per-object metadata in a file named after
     # the base64 of the whole key, so keys over ~180 bytes hit NAME_MAX (255).
     export STATESNAP_TEST_S3_URL="s3://$bucket/r$$"
+    # For tests that run (and stop, and restart) a server of their own.
+    export STATESNAP_TEST_S3_BIN="$S3S_FS_BIN"
     export AWS_ENDPOINT_URL="http://127.0.0.1:$S3_PORT"
     export AWS_ACCESS_KEY_ID="$access_key"
     export AWS_SECRET_ACCESS_KEY="$secret_key"

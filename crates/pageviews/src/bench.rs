@@ -46,6 +46,8 @@ pub struct HandoffResult {
     pub handoff_open: Duration,
     /// Records it replayed (0 expected).
     pub handoff_replayed: u64,
+    /// Where the handoff open's time went.
+    pub handoff_breakdown: String,
     /// The new owner's `open()` with no snapshot: full changelog replay.
     pub replay_open: Duration,
     /// Records that replayed.
@@ -81,6 +83,7 @@ impl std::fmt::Display for HandoffResult {
             self.handoff_open.as_secs_f64(),
             self.handoff_replayed
         )?;
+        writeln!(f, "    ({})", self.handoff_breakdown)?;
         writeln!(
             f,
             "  full changelog replay: open {:.3} s, {} records replayed",
@@ -145,15 +148,22 @@ pub async fn handoff(config: &HandoffConfig) -> Result<HandoffResult> {
 
     let next = StateManager::builder(repo).build()?;
     let started = Instant::now();
-    let h = next
-        .open(store_spec(
-            &config.app_id,
-            &kafka,
-            0,
-            config.dir.join("owner-2"),
-        )?)
-        .await?;
+    let spec = store_spec(&config.app_id, &kafka, 0, config.dir.join("owner-2"))?;
+    let connect = started.elapsed();
+    let h = next.open(spec).await?;
     let handoff_open = started.elapsed();
+    let r = h.report();
+    let handoff_breakdown = format!(
+        "connect to the changelog {:.3} s, snapshot {:.3} s (transfer {:.3} s, open {:.3} s), \
+         tail {:.3} s, the rest (plan: listing, log end and horizon) {:.3} s",
+        connect.as_secs_f64(),
+        r.snapshot_duration.as_secs_f64(),
+        r.transfer.transfer.as_secs_f64(),
+        r.transfer.open.as_secs_f64(),
+        r.replay.duration.as_secs_f64(),
+        (handoff_open.saturating_sub(connect + r.snapshot_duration + r.replay.duration))
+            .as_secs_f64()
+    );
     if !matches!(h.report().source, Source::Snapshot { .. }) {
         return Err(format!(
             "the new owner did not open from the handoff snapshot: {}",
@@ -189,6 +199,7 @@ pub async fn handoff(config: &HandoffConfig) -> Result<HandoffResult> {
         snapshot_bytes,
         handoff_open,
         handoff_replayed,
+        handoff_breakdown,
         replay_open,
         replay_records,
     })

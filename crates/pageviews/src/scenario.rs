@@ -265,6 +265,18 @@ impl Drop for Feeder {
     }
 }
 
+/// Repository options for this process: an `AWS_ENDPOINT_URL` in the
+/// processes' environment overrides this process's own.
+fn repo_options(config: &ScenarioConfig) -> statesnap::RepositoryOptions {
+    let mut options = statesnap::RepositoryOptions::default();
+    for (k, v) in &config.env {
+        if k == "AWS_ENDPOINT_URL" {
+            options.store_options.insert("endpoint".into(), v.clone());
+        }
+    }
+    options
+}
+
 /// Creates the topics and the repository of a run.
 pub async fn prepare(config: &ScenarioConfig) -> Result<()> {
     let (input, output) = (input_topic(&config.app_id), output_topic(&config.app_id));
@@ -279,7 +291,7 @@ pub async fn prepare(config: &ScenarioConfig) -> Result<()> {
         statesnap::ChangelogId::for_store(&config.app_id, STORE, 0)?,
         kafka,
     )?);
-    match Repository::init(&config.repo, Default::default()).await {
+    match Repository::init(&config.repo, repo_options(config)).await {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == statesnap::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(e.into()),
@@ -411,6 +423,81 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
     };
     report.classified = classify(&moves);
     check_moves(&moves, &b.name, &b_held)?;
+    runtime.block_on(verify(config, &mut report))?;
+    if report.input_records as u64 != sent {
+        return Err(format!(
+            "the input holds {} records, the feeder sent {sent}",
+            report.input_records
+        )
+        .into());
+    }
+    Ok(report)
+}
+
+/// The outage scenario: `a` owns every partition; the server `outage`
+/// controls goes down (`outage(false)`), `b` joins — a rebalance with the
+/// server unreachable — and after `down_for` the server comes back
+/// (`outage(true)`). Input flows throughout; the end is checked as in
+/// [`run`] (exact state, outputs), except that opens after a handoff may
+/// replay: a handoff that failed hands over nothing.
+pub fn run_outage(
+    config: &ScenarioConfig,
+    down_for: Duration,
+    outage: &mut dyn FnMut(bool) -> Result<()>,
+) -> Result<ScenarioReport> {
+    std::fs::create_dir_all(&config.dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(prepare(config))?;
+    let input = input_topic(&config.app_id);
+    let feeder = Feeder::start(&config.bootstrap, &input, config.users, config.rate)?;
+    let all: BTreeSet<i32> = (0..config.partitions).collect();
+    let log = |what: &str| eprintln!("[outage] {what}");
+
+    log("a starts");
+    let mut a = Proc::spawn(config, "a")?;
+    wait_until("a to own every partition", Duration::from_secs(60), || {
+        a.check_alive()?;
+        Ok(opened_by(&a) == all)
+    })?;
+    std::thread::sleep(config.settle);
+
+    log("the server goes down; b joins");
+    outage(false)?;
+    let mut b = Proc::spawn(config, "b")?;
+    std::thread::sleep(down_for);
+    log("the server comes back");
+    outage(true)?;
+    wait_until(
+        "a and b to own every partition",
+        Duration::from_secs(180),
+        || {
+            a.check_alive()?;
+            b.check_alive()?;
+            let held: BTreeSet<i32> = opened_by(&a).union(&opened_by(&b)).copied().collect();
+            Ok(held == all && !opened_by(&b).is_empty())
+        },
+    )?;
+    std::thread::sleep(config.settle);
+
+    log("input stops; waiting for the group to catch up");
+    let sent = feeder.finish()?;
+    wait_consumed(config, &mut [&mut a, &mut b], Duration::from_secs(180))?;
+    a.stop(Duration::from_secs(120))?;
+    b.stop(Duration::from_secs(120))?;
+
+    let mut moves: Vec<MoveLine> = [&a, &b].iter().flat_map(|p| p.moves()).collect();
+    moves.sort_by_key(|m| m.at_ms);
+    if let Some(m) = moves.iter().find(|m| m.event == "failed") {
+        return Err(format!("a store failed to open: {m:?}").into());
+    }
+    let mut report = ScenarioReport {
+        classified: classify(&moves),
+        moves,
+        ..Default::default()
+    };
     runtime.block_on(verify(config, &mut report))?;
     if report.input_records as u64 != sent {
         return Err(format!(
@@ -559,7 +646,7 @@ pub async fn verify(config: &ScenarioConfig, report: &mut ScenarioReport) -> Res
         .into());
     }
 
-    let repo = Repository::open(&config.repo, Default::default()).await?;
+    let repo = Repository::open(&config.repo, repo_options(config)).await?;
     let manager = StateManager::builder(repo).build()?;
     let kafka = changelog_options(&config.bootstrap, config.partitions);
     for p in 0..config.partitions {

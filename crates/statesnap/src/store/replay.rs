@@ -136,8 +136,16 @@ where
             applied.unwrap_or(0),
         )));
     }
-    let horizon = changelog.horizon()?;
-    if from < end && !horizon.can_resume_after(applied) {
+    // Only a tail to read needs the horizon (for Kafka it costs a topic
+    // config lookup, an offset-by-time lookup and a one-record read).
+    let horizon = if from < end {
+        Some(changelog.horizon()?)
+    } else {
+        None
+    };
+    if let Some(horizon) = horizon
+        && !horizon.can_resume_after(applied)
+    {
         return Err(Error::stale(format!(
             "changelog no longer holds everything needed to resume changelog=`{}` from_offset={from} \
              tombstones_before={} deleted_before={}; rebuild the store from a newer snapshot or from scratch",

@@ -294,7 +294,7 @@ impl KafkaChangelog {
         if o >= hi {
             return Ok(hi);
         }
-        let mut reader = KafkaReader::open(self, o.max(self.watermarks()?.0), hi)?;
+        let mut reader = KafkaReader::open_small(self, o.max(self.watermarks()?.0), hi)?;
         reader.keep_markers = true;
         let first = reader
             .next_raw(1)?

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
@@ -40,6 +41,9 @@ pub(super) struct KafkaReader {
     stop: Option<Arc<AtomicBool>>,
 }
 
+/// The fetch size of [`KafkaReader::open_small`].
+const SMALL_FETCH_BYTES: &str = "65536";
+
 /// Records a prefetch thread hands over at once (at most).
 const PREFETCH_RECORDS: usize = 8192;
 /// Bytes (keys + values) a prefetch thread hands over at once (at most, bar
@@ -50,6 +54,34 @@ const PREFETCH_DEPTH: usize = 2;
 
 impl KafkaReader {
     pub(super) fn open(log: &KafkaChangelog, from: u64, end: u64) -> Result<Self> {
+        Self::open_with(log, from, end, consumer_config(&log.options))
+    }
+
+    /// A reader for a record or two: fetches 64 KiB at a time instead of
+    /// the bulk reader's 50 MB (a broker still returns a larger first
+    /// batch whole, KIP-74). Reading one record at the start of a long
+    /// tansu log with the bulk settings took 0.7 s, the broker sending the
+    /// whole fetch; with these, 0.23 s (one 10 000-record batch).
+    pub(super) fn open_small(log: &KafkaChangelog, from: u64, end: u64) -> Result<Self> {
+        let mut config = consumer_config(&log.options);
+        // librdkafka wants fetch.max.bytes >= message.max.bytes.
+        let sizes = [
+            "fetch.max.bytes",
+            "max.partition.fetch.bytes",
+            "message.max.bytes",
+        ];
+        if sizes
+            .iter()
+            .all(|k| !log.options.properties.contains_key(*k))
+        {
+            for k in sizes {
+                config.set(k, SMALL_FETCH_BYTES);
+            }
+        }
+        Self::open_with(log, from, end, config)
+    }
+
+    fn open_with(log: &KafkaChangelog, from: u64, end: u64, config: ClientConfig) -> Result<Self> {
         let mut r = KafkaReader {
             consumer: None,
             at: log.at.clone(),
@@ -62,7 +94,7 @@ impl KafkaReader {
         if from >= end {
             return Ok(r);
         }
-        let consumer: BaseConsumer<Ctx> = consumer_config(&log.options)
+        let consumer: BaseConsumer<Ctx> = config
             .create_with_context(ctx(&log.options))
             .map_err(|e| log.at.err("consumer creation", e))?;
         let start = i64::try_from(from)
