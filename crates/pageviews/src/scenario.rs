@@ -132,12 +132,23 @@ impl Proc {
 
     /// SIGTERM, then waits for a clean exit.
     fn stop(&mut self, within: Duration) -> Result<()> {
+        self.terminate()?;
+        self.wait_exit(within)
+    }
+
+    /// SIGTERM: the process hands its partitions off and leaves the group.
+    fn terminate(&mut self) -> Result<()> {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()?;
         if !status.success() {
             return Err(format!("kill -TERM {} failed", self.name).into());
         }
+        Ok(())
+    }
+
+    /// Waits for a clean exit.
+    fn wait_exit(&mut self, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -434,12 +445,13 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
     Ok(report)
 }
 
-/// The outage scenario: `a` owns every partition; the server `outage`
-/// controls goes down (`outage(false)`), `b` joins — a rebalance with the
-/// server unreachable — and after `down_for` the server comes back
-/// (`outage(true)`). Input flows throughout; the end is checked as in
-/// [`run`] (exact state, outputs), except that opens after a handoff may
-/// replay: a handoff that failed hands over nothing.
+/// The outage scenario: `a` and `b` share the partitions; the server
+/// `outage` controls goes down (`outage(false)`) and `a` leaves gracefully
+/// — its handoffs and `b`'s opens of its partitions meet the outage — and
+/// after `down_for` the server comes back (`outage(true)`). Input flows
+/// throughout; the end is checked as in [`run`] (exact state, outputs),
+/// except that an open after a handoff may replay: a handoff that failed
+/// hands over nothing.
 pub fn run_outage(
     config: &ScenarioConfig,
     down_for: Duration,
@@ -456,36 +468,38 @@ pub fn run_outage(
     let all: BTreeSet<i32> = (0..config.partitions).collect();
     let log = |what: &str| eprintln!("[outage] {what}");
 
-    log("a starts");
+    log("a and b start");
     let mut a = Proc::spawn(config, "a")?;
-    wait_until("a to own every partition", Duration::from_secs(60), || {
-        a.check_alive()?;
-        Ok(opened_by(&a) == all)
-    })?;
-    std::thread::sleep(config.settle);
-
-    log("the server goes down; b joins");
-    outage(false)?;
     let mut b = Proc::spawn(config, "b")?;
-    std::thread::sleep(down_for);
-    log("the server comes back");
-    outage(true)?;
     wait_until(
-        "a and b to own every partition",
-        Duration::from_secs(180),
+        "a and b to share the partitions",
+        Duration::from_secs(60),
         || {
             a.check_alive()?;
             b.check_alive()?;
-            let held: BTreeSet<i32> = opened_by(&a).union(&opened_by(&b)).copied().collect();
-            Ok(held == all && !opened_by(&b).is_empty())
+            let (ha, hb) = (opened_by(&a), opened_by(&b));
+            let held: BTreeSet<i32> = ha.union(&hb).copied().collect();
+            Ok(held == all && !ha.is_empty() && !hb.is_empty())
         },
     )?;
     std::thread::sleep(config.settle);
 
+    log("the server goes down; a leaves");
+    outage(false)?;
+    a.terminate()?;
+    std::thread::sleep(down_for);
+    log("the server comes back");
+    outage(true)?;
+    a.wait_exit(Duration::from_secs(180))?;
+    wait_until("b to own every partition", Duration::from_secs(180), || {
+        b.check_alive()?;
+        Ok(opened_by(&b) == all)
+    })?;
+    std::thread::sleep(config.settle);
+
     log("input stops; waiting for the group to catch up");
     let sent = feeder.finish()?;
-    wait_consumed(config, &mut [&mut a, &mut b], Duration::from_secs(180))?;
-    a.stop(Duration::from_secs(120))?;
+    wait_consumed(config, &mut [&mut b], Duration::from_secs(180))?;
     b.stop(Duration::from_secs(120))?;
 
     let mut moves: Vec<MoveLine> = [&a, &b].iter().flat_map(|p| p.moves()).collect();
