@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The consumer-group example (crates/pageviews) against real servers:
+# installs and starts tansu (Kafka protocol) and s3s-fs (S3 protocol) on
+# 127.0.0.1 as scripts/test.sh does, builds, then runs
+#
+#   scripts/pageviews.sh                 the scenario, then the bench at 1 M keys
+#   scripts/pageviews.sh scenario [...]  processes join, leave and are killed while
+#                                        input flows; checked against a model; the
+#                                        per-move report (`pageviews scenario --help`)
+#   scripts/pageviews.sh bench [...]     time to ready of a moved partition, handoff
+#                                        vs full replay (`--keys N`, default 1 000 000)
+#
+# The servers are stopped (and their data removed) on exit.
+set -euo pipefail
+# shellcheck source=scripts/build-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-env.sh"
+cd "$ROOT"
+build_env_install
+# shellcheck source=scripts/s3.sh
+source "$ROOT/scripts/s3.sh"
+# shellcheck source=scripts/kafka.sh
+source "$ROOT/scripts/kafka.sh"
+cleanup() {
+  s3_stop || true
+  kafka_stop || true
+}
+trap cleanup EXIT
+s3_install
+kafka_install
+log "building (release; the first build compiles RocksDB, ~15 min on 2 cores)"
+cargo build --release "${FEATURES[@]}" --bins
+s3_start
+kafka_start
+bin="$CARGO_TARGET_DIR/release/pageviews"
+what="${1:-all}"
+[[ $# -gt 0 ]] && shift
+case "$what" in
+  scenario) "$bin" scenario "$@" ;;
+  bench) "$bin" bench "$@" ;;
+  all)
+    "$bin" scenario
+    "$bin" bench
+    ;;
+  *)
+    echo "usage: scripts/pageviews.sh [scenario|bench] [options]" >&2
+    exit 2
+    ;;
+esac
