@@ -1,8 +1,9 @@
 //! The stream processor: one process of the consumer group.
 //!
-//! It consumes the input topic in group `group` (cooperative-sticky
-//! assignment), keeps each user's [`UserState`] in a RocksDB store per input
-//! partition (changelog: a Kafka topic; snapshots: the repository), and
+//! It consumes the input topic in a consumer group (eager `roundrobin`
+//! assignment by default; see `docs/consumer-group.md`), keeps each user's
+//! [`UserState`] in a RocksDB store per input partition (changelog: a Kafka
+//! topic; snapshots: the repository), and
 //! writes one [`Output`](crate::model::Output) per input record to the
 //! output topic. Per batch of input records: apply them to the stores'
 //! pending writes, produce their outputs and wait until the broker has

@@ -21,13 +21,16 @@
 //! - **lost** (the session expired: another member may own them already) →
 //!   the stores are abandoned without a handoff.
 //!
-//! Both the eager and the cooperative (`cooperative-sticky`) protocols work;
-//! cooperative is the one to use: a rebalance then revokes only the
-//! partitions that move, while eager closes and reopens every partition on
-//! every rebalance (the reopen takes the local store, but each close takes
-//! a handoff snapshot). In both, the group does not hand a revoked
-//! partition to its next owner before the old owner's callback returned,
-//! which is what orders the handoff snapshot before the next `open`.
+//! Both the eager and the cooperative (`cooperative-sticky`) protocols work.
+//! Cooperative revokes only the partitions that move; eager closes and
+//! reopens every partition on every rebalance (the reopen takes the local
+//! store, but each close takes a handoff snapshot). In both, the group does
+//! not hand a revoked partition to its next owner before the old owner's
+//! callback returned, which orders the handoff snapshot before the next
+//! `open`; should a broker assign a partition twice all the same, the Kafka
+//! changelog's writer fence turns the old owner's appends `stale` and
+//! [`GroupContext::commit_all`] gives its store up. `docs/consumer-group.md`
+//! says which protocol the example uses against tansu, and why.
 //!
 //! # Input positions and exactness
 //!
