@@ -79,8 +79,8 @@ pub struct AppConfig {
 pub struct MoveLine {
     /// The process.
     pub process: String,
-    /// Wall-clock time of the move's end (ms since the epoch; all processes
-    /// run on one machine).
+    /// When the move ended (ms since the epoch, the manager's clock; the
+    /// processes run on one machine, so their moves sort by it).
     pub at_ms: i64,
     /// Input partition.
     pub partition: i32,
@@ -108,7 +108,7 @@ impl MoveLine {
     fn new(process: &str, m: &PartitionMove) -> MoveLine {
         let mut line = MoveLine {
             process: process.to_owned(),
-            at_ms: wall_clock_ms(),
+            at_ms: m.at_ms,
             partition: m.partition,
             event: String::new(),
             source: None,
@@ -162,15 +162,6 @@ impl MoveLine {
         }
         line
     }
-}
-
-/// Report timestamps only: moves from several processes are put in order
-/// by them (the runtime itself never reads the wall clock).
-#[allow(clippy::disallowed_methods)]
-fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The stores of the app: one RocksDB store per input partition, its

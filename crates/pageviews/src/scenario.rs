@@ -71,6 +71,12 @@ pub struct ScenarioReport {
     pub final_opens: Vec<(i32, String, u64)>,
     /// Processes SIGKILLed, by name.
     pub killed: Vec<String>,
+    /// Graceful moves whose next owner began opening before the old owner's
+    /// handoff ended (the broker did not wait for the revoke).
+    pub overlapping_moves: usize,
+    /// How the killed process's partitions came back: `(partition, kind,
+    /// records replayed)`, kind as in [`classify`].
+    pub killed_reopens: Vec<(i32, String, u64)>,
     /// What every move is, for the report: `local`, `handoff snapshot`,
     /// `older snapshot`, `replay`, or the event for closes.
     pub classified: Vec<(MoveLine, String)>,
@@ -433,8 +439,23 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
         ..Default::default()
     };
     report.classified = classify(&moves);
-    check_moves(&moves, &b.name, &b_held)?;
     runtime.block_on(verify(config, &mut report))?;
+    report.overlapping_moves = check_moves(&moves, &b.name, &b_held)?;
+    for p in &b_held {
+        let last = report
+            .classified
+            .iter()
+            .rposition(|(m, _)| m.process == b.name && m.partition == *p && m.event == "opened");
+        if let Some((m, kind)) = last.and_then(|i| {
+            report.classified[i + 1..]
+                .iter()
+                .find(|(m, _)| m.partition == *p && m.event == "opened")
+        }) {
+            report
+                .killed_reopens
+                .push((*p, kind.clone(), m.records_replayed.unwrap_or(0)));
+        }
+    }
     if report.input_records as u64 != sent {
         return Err(format!(
             "the input holds {} records, the feeder sent {sent}",
@@ -524,28 +545,34 @@ pub fn run_outage(
 }
 
 /// Names each open by where its state came from: `local`, `handoff
-/// snapshot` (a snapshot a close handed over), `older snapshot`
-/// (background), or `replay`.
+/// snapshot` (the snapshot the partition's previous close handed over),
+/// `older snapshot` (a background one, or an earlier handoff), or
+/// `replay`. `moves` in time order.
 pub fn classify(moves: &[MoveLine]) -> Vec<(MoveLine, String)> {
-    let handed: BTreeSet<&str> = moves
-        .iter()
-        .filter(|m| m.event == "closed")
-        .filter_map(|m| m.snapshot.as_deref())
-        .collect();
+    let mut handed: BTreeMap<i32, Option<String>> = BTreeMap::new();
     moves
         .iter()
         .map(|m| {
             let what = match (m.event.as_str(), m.source.as_deref()) {
-                ("opened", Some("local")) => "local".to_owned(),
-                ("opened", Some("snapshot")) => {
-                    if m.snapshot.as_deref().is_some_and(|s| handed.contains(s)) {
-                        "handoff snapshot".to_owned()
-                    } else {
-                        "older snapshot".to_owned()
+                ("opened", source) => {
+                    let last = handed.remove(&m.partition).flatten();
+                    match source {
+                        Some("local") => "local".to_owned(),
+                        Some("snapshot") if m.snapshot.is_some() && m.snapshot == last => {
+                            "handoff snapshot".to_owned()
+                        }
+                        Some("snapshot") => "older snapshot".to_owned(),
+                        _ => "replay".to_owned(),
                     }
                 }
-                ("opened", Some("replay")) => "replay".to_owned(),
-                (e, _) => e.to_owned(),
+                ("closed", _) => {
+                    handed.insert(m.partition, m.snapshot.clone());
+                    "closed".to_owned()
+                }
+                (e, _) => {
+                    handed.remove(&m.partition);
+                    e.to_owned()
+                }
             };
             (m.clone(), what)
         })
@@ -554,21 +581,32 @@ pub fn classify(moves: &[MoveLine]) -> Vec<(MoveLine, String)> {
 
 /// The move invariants: an open after a graceful close replays nothing;
 /// the partitions of the killed process open from a snapshot, not a full
-/// replay; nothing failed.
-pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>) -> Result<()> {
+/// replay; nothing failed. Returns the number of graceful moves whose next
+/// owner began opening before the old owner's close had ended: the broker
+/// gave the partition away before the revoke was done (tansu 0.6.0 does not
+/// always wait for a member's rejoin; see `docs/consumer-group.md`). Those
+/// may replay the old owner's last commit; the exactness check covers them.
+pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>) -> Result<usize> {
+    let mut overlapping = 0;
     for (i, m) in moves.iter().enumerate() {
         if m.event == "failed" {
             return Err(format!("a store failed to open: {m:?}").into());
         }
-        let next_open = || {
-            moves[i + 1..]
-                .iter()
-                .find(|n| n.partition == m.partition && n.event == "opened")
+        if m.event != "closed" {
+            continue;
+        }
+        let Some(n) = moves[i + 1..]
+            .iter()
+            .find(|n| n.partition == m.partition && n.event == "opened")
+        else {
+            continue;
         };
-        if m.event == "closed"
-            && let Some(n) = next_open()
-            && n.records_replayed != Some(0)
-        {
+        let open_started = n.at_ms - i64::try_from(n.duration_ms).unwrap_or(i64::MAX);
+        if open_started < m.at_ms {
+            overlapping += 1;
+            continue;
+        }
+        if n.records_replayed != Some(0) {
             return Err(format!(
                 "partition {} was handed off by {} (snapshot {:?}) and then opened by {} \
                  replaying {:?} records, expected 0: {n:?}",
@@ -602,7 +640,7 @@ pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>
             .into());
         }
     }
-    Ok(())
+    Ok(overlapping)
 }
 
 /// Compares outputs and every partition's final state with the model.
@@ -758,11 +796,14 @@ pub fn table(report: &ScenarioReport) -> String {
     }
     format!(
         "{t}\ninput records: {}; outputs: {} ({} repeats, identical); users checked: {}; \
-         final opens (partition, source, replayed): {:?}",
+         final opens (partition, source, replayed): {:?}; handoffs the broker did not wait for: {}; \
+         the killed process's partitions came back from (partition, source, replayed): {:?}",
         report.input_records,
         report.output_records,
         report.output_repeats,
         report.users_checked,
-        report.final_opens
+        report.final_opens,
+        report.overlapping_moves,
+        report.killed_reopens
     )
 }

@@ -98,4 +98,10 @@ fn partitions_move_between_processes_and_state_stays_exact() {
         "the killed process's partitions did not come from a background snapshot: {kinds:?}"
     );
     assert_eq!(report.killed, vec!["b".to_owned()]);
+    // A store opened from a handoff snapshot replays nothing.
+    for (m, kind) in &report.classified {
+        if kind == "handoff snapshot" {
+            assert_eq!(m.records_replayed, Some(0), "{m:?}");
+        }
+    }
 }

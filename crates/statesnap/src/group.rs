@@ -221,6 +221,9 @@ pub struct PartitionMove {
     pub kind: MoveKind,
     /// How long it took (for an open: until the store was ready).
     pub duration: Duration,
+    /// When it ended, by the manager's clock (ms since the epoch): moves
+    /// of several processes on one machine can be put in order by it.
+    pub at_ms: i64,
 }
 
 /// One assigned input partition and its store.
@@ -486,6 +489,7 @@ impl<S: PartitionStores> GroupContext<S> {
             partition,
             kind,
             duration: started.elapsed(),
+            at_ms: self.manager.now_ms(),
         };
         tracing::info!(topic = %m.topic, partition = m.partition, kind = ?m.kind, duration_ms = m.duration.as_millis() as u64, "partition moved");
         lock(&self.moves).push(m);

@@ -340,6 +340,12 @@ impl StateManager {
         &self.inner.repo
     }
 
+    /// The manager's clock: milliseconds since the Unix epoch (the system
+    /// clock unless one was injected).
+    pub fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
     /// The rates estimates use: measured by this process's restores and
     /// replays (a moving average); before that, what the newest manifest
     /// seen recorded ([`crate::repo::MeasuredRates`]); before that, the
