@@ -399,10 +399,23 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
     a.stop(Duration::from_secs(90))?;
     std::thread::sleep(settle);
 
+    wait_until(
+        "b and c to own every partition",
+        Duration::from_secs(60),
+        || {
+            b.check_alive()?;
+            c.check_alive()?;
+            let (hb, hc) = (opened_by(&b), opened_by(&c));
+            let held: BTreeSet<i32> = hb.union(&hc).copied().collect();
+            Ok(held == all && !hb.is_empty())
+        },
+    )?;
+
     log("b is SIGKILLed");
-    let b_held = opened_by(&b);
     b.child.kill()?;
     b.child.wait()?;
+    // What b held, as far as its report got (it writes after each batch).
+    let b_held = opened_by(&b);
     // The group notices at the session timeout. tansu 0.6.0 then
     // rebalances but hands the survivors their previous assignment (the
     // generation is not bumped and SyncGroup returns the stale one), so b's
@@ -588,16 +601,20 @@ pub fn classify(moves: &[MoveLine]) -> Vec<(MoveLine, String)> {
 /// may replay the old owner's last commit; the exactness check covers them.
 pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>) -> Result<usize> {
     let mut overlapping = 0;
-    for (i, m) in moves.iter().enumerate() {
+    for m in moves {
         if m.event == "failed" {
             return Err(format!("a store failed to open: {m:?}").into());
         }
         if m.event != "closed" {
             continue;
         }
-        let Some(n) = moves[i + 1..]
+        // The next owner's open is the first to end after this close
+        // began: with a broker that does not wait for the revoke, it may
+        // even end before the close does.
+        let close_started = m.at_ms - i64::try_from(m.duration_ms).unwrap_or(i64::MAX);
+        let Some(n) = moves
             .iter()
-            .find(|n| n.partition == m.partition && n.event == "opened")
+            .find(|n| n.partition == m.partition && n.event == "opened" && n.at_ms > close_started)
         else {
             continue;
         };
@@ -806,4 +823,104 @@ pub fn table(report: &ScenarioReport) -> String {
         report.overlapping_moves,
         report.killed_reopens
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn mv(process: &str, partition: i32, event: &str, at_ms: i64, duration_ms: u64) -> MoveLine {
+        MoveLine {
+            process: process.into(),
+            at_ms,
+            partition,
+            event: event.into(),
+            source: None,
+            snapshot: None,
+            records_replayed: None,
+            position: None,
+            took_snapshot: None,
+            attempts: None,
+            duration_ms,
+            detail: None,
+        }
+    }
+
+    fn opened(
+        process: &str,
+        at_ms: i64,
+        duration_ms: u64,
+        source: &str,
+        replayed: u64,
+    ) -> MoveLine {
+        MoveLine {
+            source: Some(source.into()),
+            records_replayed: Some(replayed),
+            snapshot: (source == "snapshot").then(|| "s1".to_owned()),
+            ..mv(process, 0, "opened", at_ms, duration_ms)
+        }
+    }
+
+    fn closed(process: &str, at_ms: i64, duration_ms: u64) -> MoveLine {
+        MoveLine {
+            snapshot: Some("s1".into()),
+            ..mv(process, 0, "closed", at_ms, duration_ms)
+        }
+    }
+
+    #[test]
+    fn an_open_after_a_handoff_must_replay_nothing() {
+        let none = BTreeSet::new();
+        let ok = [
+            opened("a", 100, 10, "replay", 0),
+            closed("a", 1000, 500),
+            opened("b", 1500, 300, "snapshot", 0),
+        ];
+        assert_eq!(check_moves(&ok, "x", &none).unwrap(), 0);
+        let bad = [
+            opened("a", 100, 10, "replay", 0),
+            closed("a", 1000, 500),
+            opened("b", 1500, 300, "snapshot", 5),
+        ];
+        assert!(check_moves(&bad, "x", &none).is_err());
+        assert_eq!(classify(&ok)[2].1, "handoff snapshot");
+    }
+
+    #[test]
+    fn an_open_that_began_before_the_close_ended_is_counted_not_failed() {
+        let none = BTreeSet::new();
+        // The next owner's open ended even before the close did.
+        let early = [
+            opened("a", 100, 10, "replay", 0),
+            opened("b", 900, 300, "snapshot", 1),
+            closed("a", 1000, 500),
+        ];
+        assert_eq!(check_moves(&early, "x", &none).unwrap(), 1);
+        assert_eq!(classify(&early)[1].1, "older snapshot");
+        // Began before the close ended, ended after it.
+        let late = [
+            opened("a", 100, 10, "replay", 0),
+            closed("a", 1000, 500),
+            opened("b", 1100, 300, "snapshot", 1),
+        ];
+        assert_eq!(check_moves(&late, "x", &none).unwrap(), 1);
+    }
+
+    #[test]
+    fn the_killed_process_partitions_must_not_come_back_by_full_replay() {
+        let held: BTreeSet<i32> = [0].into();
+        let replayed = [
+            opened("b", 100, 10, "replay", 0),
+            opened("c", 9000, 100, "replay", 500),
+        ];
+        assert!(check_moves(&replayed, "b", &held).is_err());
+        let snapshot = [
+            opened("b", 100, 10, "replay", 0),
+            opened("c", 9000, 100, "snapshot", 500),
+        ];
+        assert_eq!(check_moves(&snapshot, "b", &held).unwrap(), 0);
+        let never = [opened("b", 100, 10, "replay", 0)];
+        assert!(check_moves(&never, "b", &held).is_err());
+    }
 }
