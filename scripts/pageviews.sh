@@ -16,21 +16,12 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/build-env.sh"
 cd "$ROOT"
 build_env_install
-# shellcheck source=scripts/s3.sh
-source "$ROOT/scripts/s3.sh"
-# shellcheck source=scripts/kafka.sh
-source "$ROOT/scripts/kafka.sh"
-cleanup() {
-  s3_stop || true
-  kafka_stop || true
-}
-trap cleanup EXIT
-s3_install
-kafka_install
+# shellcheck source=scripts/servers.sh
+source "$ROOT/scripts/servers.sh"
+servers_install
 log "building (release; the first build compiles RocksDB, ~15 min on 2 cores)"
 cargo build --release "${FEATURES[@]}" --bins
-s3_start
-kafka_start
+servers_start
 bin="$CARGO_TARGET_DIR/release/pageviews"
 what="${1:-all}"
 [[ $# -gt 0 ]] && shift

@@ -19,19 +19,10 @@ cd "$ROOT"
 build_env_install
 
 # --- real servers ----------------------------------------------------------
-# shellcheck source=scripts/s3.sh
-source "$ROOT/scripts/s3.sh"
-# shellcheck source=scripts/kafka.sh
-source "$ROOT/scripts/kafka.sh"
-cleanup() {
-  s3_stop || true
-  kafka_stop || true
-}
-trap cleanup EXIT
-s3_install
-kafka_install
-s3_start
-kafka_start
+# shellcheck source=scripts/servers.sh
+source "$ROOT/scripts/servers.sh"
+servers_install
+servers_start
 # The suites fail (rather than skip) when their server is missing.
 export STATESNAP_REQUIRE_S3=1
 export STATESNAP_REQUIRE_KAFKA=1

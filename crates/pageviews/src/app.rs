@@ -75,7 +75,7 @@ pub struct AppConfig {
 }
 
 /// One line of the move report.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MoveLine {
     /// The process.
     pub process: String,
@@ -110,15 +110,8 @@ impl MoveLine {
             process: process.to_owned(),
             at_ms: m.at_ms,
             partition: m.partition,
-            event: String::new(),
-            source: None,
-            snapshot: None,
-            records_replayed: None,
-            position: None,
-            took_snapshot: None,
-            attempts: None,
             duration_ms: u64::try_from(m.duration.as_millis()).unwrap_or(u64::MAX),
-            detail: None,
+            ..MoveLine::default()
         };
         match &m.kind {
             MoveKind::Opened {

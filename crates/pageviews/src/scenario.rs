@@ -358,8 +358,15 @@ fn opened_by(p: &Proc) -> BTreeSet<i32> {
     held
 }
 
-/// Runs the scenario and checks the result; `Err` says what failed.
-pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
+/// What both scenarios start with: the topics and the repository created,
+/// input flowing.
+struct Setup {
+    runtime: tokio::runtime::Runtime,
+    feeder: Feeder,
+    all: BTreeSet<i32>,
+}
+
+fn setup(config: &ScenarioConfig) -> Result<Setup> {
     std::fs::create_dir_all(&config.dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -368,7 +375,59 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
     runtime.block_on(prepare(config))?;
     let input = input_topic(&config.app_id);
     let feeder = Feeder::start(&config.bootstrap, &input, config.users, config.rate)?;
-    let all: BTreeSet<i32> = (0..config.partitions).collect();
+    Ok(Setup {
+        runtime,
+        feeder,
+        all: (0..config.partitions).collect(),
+    })
+}
+
+/// How both scenarios end: input stops, the `running` processes consume
+/// it to its end and stop gracefully, and the moves of every process (the
+/// running and the `gone` ones) and the end state are checked.
+fn finish(
+    config: &ScenarioConfig,
+    setup: Setup,
+    running: &mut [&mut Proc],
+    gone: &[&Proc],
+) -> Result<ScenarioReport> {
+    eprintln!("[scenario] input stops; waiting for the group to catch up");
+    let sent = setup.feeder.finish()?;
+    wait_consumed(config, running, Duration::from_secs(180))?;
+    eprintln!("[scenario] the processes stop gracefully");
+    for p in running.iter_mut() {
+        p.stop(Duration::from_secs(120))?;
+    }
+    let mut moves: Vec<MoveLine> = running
+        .iter()
+        .map(|p| p.moves())
+        .chain(gone.iter().map(|p| p.moves()))
+        .flatten()
+        .collect();
+    moves.sort_by_key(|m| m.at_ms);
+    if let Some(m) = moves.iter().find(|m| m.event == "failed") {
+        return Err(format!("a store failed to open: {m:?}").into());
+    }
+    let mut report = ScenarioReport {
+        classified: classify(&moves),
+        moves,
+        ..Default::default()
+    };
+    setup.runtime.block_on(verify(config, &mut report))?;
+    if report.input_records as u64 != sent {
+        return Err(format!(
+            "the input holds {} records, the feeder sent {sent}",
+            report.input_records
+        )
+        .into());
+    }
+    Ok(report)
+}
+
+/// Runs the scenario and checks the result; `Err` says what failed.
+pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
+    let setup = setup(config)?;
+    let all = setup.all.clone();
     let settle = config.settle;
     let log = |what: &str| eprintln!("[scenario] {what}");
 
@@ -437,22 +496,9 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
     )?;
     std::thread::sleep(settle);
 
-    log("input stops; waiting for the group to catch up");
-    let sent = feeder.finish()?;
-    wait_consumed(config, &mut [&mut c, &mut a2], Duration::from_secs(180))?;
-    log("c and a2 stop gracefully");
-    c.stop(Duration::from_secs(90))?;
-    a2.stop(Duration::from_secs(90))?;
-
-    let mut moves: Vec<MoveLine> = [&a, &b, &c, &a2].iter().flat_map(|p| p.moves()).collect();
-    moves.sort_by_key(|m| m.at_ms);
-    let mut report = ScenarioReport {
-        moves: moves.clone(),
-        killed: vec![b.name.clone()],
-        ..Default::default()
-    };
-    report.classified = classify(&moves);
-    runtime.block_on(verify(config, &mut report))?;
+    let mut report = finish(config, setup, &mut [&mut c, &mut a2], &[&a, &b])?;
+    report.killed = vec![b.name.clone()];
+    let moves = report.moves.clone();
     report.overlapping_moves = check_moves(&moves, &b.name, &b_held)?;
     for p in &b_held {
         let last = report
@@ -469,13 +515,6 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
                 .push((*p, kind.clone(), m.records_replayed.unwrap_or(0)));
         }
     }
-    if report.input_records as u64 != sent {
-        return Err(format!(
-            "the input holds {} records, the feeder sent {sent}",
-            report.input_records
-        )
-        .into());
-    }
     Ok(report)
 }
 
@@ -491,15 +530,8 @@ pub fn run_outage(
     down_for: Duration,
     outage: &mut dyn FnMut(bool) -> Result<()>,
 ) -> Result<ScenarioReport> {
-    std::fs::create_dir_all(&config.dir)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(prepare(config))?;
-    let input = input_topic(&config.app_id);
-    let feeder = Feeder::start(&config.bootstrap, &input, config.users, config.rate)?;
-    let all: BTreeSet<i32> = (0..config.partitions).collect();
+    let setup = setup(config)?;
+    let all = setup.all.clone();
     let log = |what: &str| eprintln!("[outage] {what}");
 
     log("a and b start");
@@ -531,30 +563,7 @@ pub fn run_outage(
     })?;
     std::thread::sleep(config.settle);
 
-    log("input stops; waiting for the group to catch up");
-    let sent = feeder.finish()?;
-    wait_consumed(config, &mut [&mut b], Duration::from_secs(180))?;
-    b.stop(Duration::from_secs(120))?;
-
-    let mut moves: Vec<MoveLine> = [&a, &b].iter().flat_map(|p| p.moves()).collect();
-    moves.sort_by_key(|m| m.at_ms);
-    if let Some(m) = moves.iter().find(|m| m.event == "failed") {
-        return Err(format!("a store failed to open: {m:?}").into());
-    }
-    let mut report = ScenarioReport {
-        classified: classify(&moves),
-        moves,
-        ..Default::default()
-    };
-    runtime.block_on(verify(config, &mut report))?;
-    if report.input_records as u64 != sent {
-        return Err(format!(
-            "the input holds {} records, the feeder sent {sent}",
-            report.input_records
-        )
-        .into());
-    }
-    Ok(report)
+    finish(config, setup, &mut [&mut b], &[&a])
 }
 
 /// Names each open by where its state came from: `local`, `handoff
@@ -836,14 +845,8 @@ mod tests {
             at_ms,
             partition,
             event: event.into(),
-            source: None,
-            snapshot: None,
-            records_replayed: None,
-            position: None,
-            took_snapshot: None,
-            attempts: None,
             duration_ms,
-            detail: None,
+            ..MoveLine::default()
         }
     }
 

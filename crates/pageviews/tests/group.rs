@@ -4,34 +4,12 @@
 //! or fails when `STATESNAP_REQUIRE_KAFKA=1` / `STATESNAP_REQUIRE_S3=1`.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::time::Duration;
 
+use common::{env_or_skip, unique};
 use pageviews::scenario::{self, ScenarioConfig};
-
-fn env_or_skip(var: &str, require: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var(require).as_deref() != Ok("1"),
-                "{require}=1 but {var} is not set: run scripts/test.sh, which starts the servers"
-            );
-            eprintln!("SKIPPED: {var} is not set (run scripts/test.sh to start the servers)");
-            None
-        }
-    }
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}-{}", std::process::id(), ulid_ms())
-}
-
-#[allow(clippy::disallowed_methods)] // a unique name, not a time anyone reads
-fn ulid_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
-}
 
 /// Two processes share 6 partitions; a third joins; one leaves gracefully;
 /// one is SIGKILLed; the first comes back; input flows throughout. The

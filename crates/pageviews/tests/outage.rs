@@ -10,34 +10,15 @@
 //! under `STATESNAP_REQUIRE_KAFKA=1` / `STATESNAP_REQUIRE_S3=1`.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{env_or_skip, unique};
 use pageviews::scenario::{self, ScenarioConfig};
-
-fn env_or_skip(var: &str, require: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var(require).as_deref() != Ok("1"),
-                "{require}=1 but {var} is not set: run scripts/test.sh, which starts the servers"
-            );
-            eprintln!("SKIPPED: {var} is not set (run scripts/test.sh to start the servers)");
-            None
-        }
-    }
-}
-
-#[allow(clippy::disallowed_methods)] // a unique name, not a time anyone reads
-fn unique(prefix: &str) -> String {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    format!("{prefix}-{}-{ms}", std::process::id())
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
