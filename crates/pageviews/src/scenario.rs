@@ -566,6 +566,57 @@ pub fn run_outage(
     finish(config, setup, &mut [&mut b], &[&a])
 }
 
+/// A process killed in the middle of its handoff: `a` and `b` share the
+/// partitions, `a` is told to leave (SIGTERM: it starts committing its
+/// final positions and taking handoff snapshots) and is SIGKILLed `after`
+/// later. `b` and a newcomer `c` take everything over; the end is checked
+/// as in [`run`].
+pub fn run_killed_during_handoff(
+    config: &ScenarioConfig,
+    after: Duration,
+) -> Result<ScenarioReport> {
+    let setup = setup(config)?;
+    let all = setup.all.clone();
+    let log = |what: &str| eprintln!("[killed-handoff] {what}");
+    log("a and b start");
+    let mut a = Proc::spawn(config, "a")?;
+    let mut b = Proc::spawn(config, "b")?;
+    wait_until(
+        "a and b to share the partitions",
+        Duration::from_secs(60),
+        || {
+            a.check_alive()?;
+            b.check_alive()?;
+            let (ha, hb) = (opened_by(&a), opened_by(&b));
+            let held: BTreeSet<i32> = ha.union(&hb).copied().collect();
+            Ok(held == all && !ha.is_empty() && !hb.is_empty())
+        },
+    )?;
+    std::thread::sleep(config.settle);
+    log("a is told to leave, and killed during its handoff");
+    a.terminate()?;
+    std::thread::sleep(after);
+    a.child.kill()?;
+    a.child.wait()?;
+    // As in `run`: tansu reassigns a dead member's partitions only when the
+    // membership changes again, so `c` joins after the session timeout.
+    std::thread::sleep(config.session_timeout + Duration::from_secs(2));
+    log("c joins; b and c take a's partitions");
+    let mut c = Proc::spawn(config, "c")?;
+    wait_until(
+        "b and c to own every partition",
+        config.session_timeout * 4 + Duration::from_secs(60),
+        || {
+            b.check_alive()?;
+            c.check_alive()?;
+            let held: BTreeSet<i32> = opened_by(&b).union(&opened_by(&c)).copied().collect();
+            Ok(held == all)
+        },
+    )?;
+    std::thread::sleep(config.settle);
+    finish(config, setup, &mut [&mut b, &mut c], &[&a])
+}
+
 /// Names each open by where its state came from: `local`, `handoff
 /// snapshot` (the snapshot the partition's previous close handed over),
 /// `older snapshot` (a background one, or an earlier handoff), or

@@ -200,3 +200,24 @@ fn broker_outage_during_a_rebalance_loses_nothing() {
     let config = config(dir.path(), format!("127.0.0.1:{port}"), &repo, Vec::new());
     run(&config, &mut server);
 }
+
+/// A process is killed in the middle of its handoff (SIGTERM, then SIGKILL
+/// 300 ms later: inside its final commits or its handoff snapshots). The
+/// others take everything over from whatever was committed; state and
+/// output still equal the model.
+#[test]
+fn a_process_killed_during_its_handoff_loses_nothing() {
+    let Some(bootstrap) = env_or_skip("STATESNAP_TEST_KAFKA_BOOTSTRAP", "STATESNAP_REQUIRE_KAFKA")
+    else {
+        return;
+    };
+    let Some(repo) = env_or_skip("STATESNAP_TEST_S3_URL", "STATESNAP_REQUIRE_S3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), bootstrap, &repo, Vec::new());
+    let report = scenario::run_killed_during_handoff(&config, Duration::from_millis(300))
+        .unwrap_or_else(|e| panic!("scenario failed: {e}"));
+    println!("{}", scenario::table(&report));
+    assert!(report.users_checked > 0);
+}
