@@ -535,20 +535,7 @@ pub fn run_outage(
     let log = |what: &str| eprintln!("[outage] {what}");
 
     log("a and b start");
-    let mut a = Proc::spawn(config, "a")?;
-    let mut b = Proc::spawn(config, "b")?;
-    wait_until(
-        "a and b to share the partitions",
-        Duration::from_secs(60),
-        || {
-            a.check_alive()?;
-            b.check_alive()?;
-            let (ha, hb) = (opened_by(&a), opened_by(&b));
-            let held: BTreeSet<i32> = ha.union(&hb).copied().collect();
-            Ok(held == all && !ha.is_empty() && !hb.is_empty())
-        },
-    )?;
-    std::thread::sleep(config.settle);
+    let (mut a, mut b) = start_two(config, &all)?;
 
     log("the server goes down; a leaves");
     outage(false)?;
@@ -566,6 +553,26 @@ pub fn run_outage(
     finish(config, setup, &mut [&mut b], &[&a])
 }
 
+/// Starts `a` and `b` and waits until both own partitions and together
+/// every one, then lets them settle.
+fn start_two(config: &ScenarioConfig, all: &BTreeSet<i32>) -> Result<(Proc, Proc)> {
+    let mut a = Proc::spawn(config, "a")?;
+    let mut b = Proc::spawn(config, "b")?;
+    wait_until(
+        "a and b to share the partitions",
+        Duration::from_secs(60),
+        || {
+            a.check_alive()?;
+            b.check_alive()?;
+            let (ha, hb) = (opened_by(&a), opened_by(&b));
+            let held: BTreeSet<i32> = ha.union(&hb).copied().collect();
+            Ok(held == *all && !ha.is_empty() && !hb.is_empty())
+        },
+    )?;
+    std::thread::sleep(config.settle);
+    Ok((a, b))
+}
+
 /// A process killed in the middle of its handoff: `a` and `b` share the
 /// partitions, `a` is told to leave (SIGTERM: it starts committing its
 /// final positions and taking handoff snapshots) and is SIGKILLed `after`
@@ -579,20 +586,7 @@ pub fn run_killed_during_handoff(
     let all = setup.all.clone();
     let log = |what: &str| eprintln!("[killed-handoff] {what}");
     log("a and b start");
-    let mut a = Proc::spawn(config, "a")?;
-    let mut b = Proc::spawn(config, "b")?;
-    wait_until(
-        "a and b to share the partitions",
-        Duration::from_secs(60),
-        || {
-            a.check_alive()?;
-            b.check_alive()?;
-            let (ha, hb) = (opened_by(&a), opened_by(&b));
-            let held: BTreeSet<i32> = ha.union(&hb).copied().collect();
-            Ok(held == all && !ha.is_empty() && !hb.is_empty())
-        },
-    )?;
-    std::thread::sleep(config.settle);
+    let (mut a, mut b) = start_two(config, &all)?;
     log("a is told to leave, and killed during its handoff");
     a.terminate()?;
     std::thread::sleep(after);

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{env_or_skip, unique};
+use common::{env_or_skip, report_or_logs, unique};
 use pageviews::scenario::{self, ScenarioConfig};
 
 /// Two processes share 6 partitions; a third joins; one leaves gracefully;
@@ -41,21 +41,7 @@ fn partitions_move_between_processes_and_state_stays_exact() {
         session_timeout: Duration::from_secs(6),
         env: Vec::new(),
     };
-    let report = match scenario::run(&config) {
-        Ok(r) => r,
-        Err(e) => {
-            for name in ["a", "b", "c", "a2"] {
-                let log = std::fs::read_to_string(dir.path().join(format!("{name}.log")))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                eprintln!(
-                    "--- {name}.log (last lines, newest first)\n{}",
-                    tail.join("\n")
-                );
-            }
-            panic!("scenario failed: {e}");
-        }
-    };
+    let report = report_or_logs(scenario::run(&config), dir.path());
     println!("{}", scenario::table(&report));
     // What the scenario checked, visible here too.
     assert!(report.input_records > 0);

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{env_or_skip, unique};
+use common::{env_or_skip, report_or_logs, unique};
 use pageviews::scenario::{self, ScenarioConfig};
 
 fn free_port() -> u16 {
@@ -106,21 +106,7 @@ fn run(config: &ScenarioConfig, server: &mut Server) {
         }
         Ok(())
     });
-    let report = match report {
-        Ok(r) => r,
-        Err(e) => {
-            for name in ["a", "b"] {
-                let log = std::fs::read_to_string(config.dir.join(format!("{name}.log")))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                eprintln!(
-                    "--- {name}.log (last lines, newest first)\n{}",
-                    tail.join("\n")
-                );
-            }
-            panic!("outage scenario failed: {e}");
-        }
-    };
+    let report = report_or_logs(report, &config.dir);
     println!("{}", scenario::table(&report));
     assert!(report.input_records > 0);
     assert!(report.users_checked > 0);
@@ -216,8 +202,10 @@ fn a_process_killed_during_its_handoff_loses_nothing() {
     };
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), bootstrap, &repo, Vec::new());
-    let report = scenario::run_killed_during_handoff(&config, Duration::from_millis(300))
-        .unwrap_or_else(|e| panic!("scenario failed: {e}"));
+    let report = report_or_logs(
+        scenario::run_killed_during_handoff(&config, Duration::from_millis(300)),
+        dir.path(),
+    );
     println!("{}", scenario::table(&report));
     assert!(report.users_checked > 0);
 }

@@ -25,3 +25,23 @@ pub fn unique(prefix: &str) -> String {
         .map_or(0, |d| d.as_millis());
     format!("{prefix}-{}-{ms}", std::process::id())
 }
+
+/// The scenario's report, or a panic with `err` and the tail of each
+/// process's log in `dir`.
+pub fn report_or_logs<T, E: std::fmt::Display>(result: Result<T, E>, dir: &std::path::Path) -> T {
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            for name in ["a", "b", "c", "a2"] {
+                let log =
+                    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                eprintln!(
+                    "--- {name}.log (last lines, newest first)\n{}",
+                    tail.join("\n")
+                );
+            }
+            panic!("scenario failed: {e}");
+        }
+    }
+}
