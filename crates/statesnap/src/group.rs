@@ -53,7 +53,10 @@
 //! thread, and the callback blocks there until the stores are open or
 //! closed. Poll from a plain thread (or `spawn_blocking`), not from an
 //! async task: the callback drives the manager's async calls with
-//! [`tokio::runtime::Handle::block_on`].
+//! [`tokio::runtime::Handle::block_on`]. Give it the handle of a
+//! multi-thread runtime: the background snapshot a `close` waits for runs on
+//! that runtime's workers, which a current-thread runtime does not have
+//! while another thread blocks on its handle.
 //!
 //! ```no_run
 //! use rdkafka::ClientConfig;
