@@ -525,24 +525,19 @@ impl<S: PartitionStores> GroupContext<S> {
     }
 
     fn assign(&self, tpl: &TopicPartitionList) -> TopicPartitionList {
-        let wanted: Vec<(String, i32)> = tpl
-            .elements()
-            .iter()
-            .map(|e| (e.topic().to_owned(), e.partition()))
-            .collect();
         let started = Instant::now();
         let mut out = TopicPartitionList::new();
-        let (existing, to_open): (Vec<_>, Vec<_>) = {
+        let mut to_open = Vec::new();
+        {
             let map = lock(&self.partitions);
-            wanted.into_iter().partition(|k| map.contains_key(k))
-        };
-        for (topic, partition) in existing {
-            // Still open here (a lost assignment given back): resume where
-            // its state is.
-            let position = lock(&self.partitions)
-                .get(&(topic.clone(), partition))
-                .and_then(|p| p.committed);
-            add(&mut out, &topic, partition, position);
+            for key in keys(tpl) {
+                match map.get(&key) {
+                    // Still open here (a lost assignment given back): resume
+                    // where its state is.
+                    Some(p) => add(&mut out, &key.0, key.1, p.committed),
+                    None => to_open.push(key),
+                }
+            }
         }
         let opened = self.runtime.block_on(futures::future::join_all(
             to_open.iter().map(|(t, p)| self.open_one(t, *p)),
@@ -626,6 +621,14 @@ impl<S: PartitionStores> GroupContext<S> {
     }
 }
 
+/// The `(topic, partition)` pairs of a rebalance's list.
+fn keys(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
 fn add(tpl: &mut TopicPartitionList, topic: &str, partition: i32, position: Option<i64>) {
     let offset = position.map_or(Offset::Beginning, Offset::Offset);
     // Only fails for an invalid offset value, which these are not.
@@ -655,12 +658,7 @@ impl<S: PartitionStores> ConsumerContext for GroupContext<S> {
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                let keys = tpl
-                    .elements()
-                    .iter()
-                    .map(|e| (e.topic().to_owned(), e.partition()))
-                    .collect();
-                self.close(keys, consumer.assignment_lost());
+                self.close(keys(tpl), consumer.assignment_lost());
                 if cooperative {
                     consumer.incremental_unassign(tpl)
                 } else {

@@ -136,24 +136,6 @@ where
             applied.unwrap_or(0),
         )));
     }
-    // Only a tail to read needs the horizon (for Kafka it costs a topic
-    // config lookup, an offset-by-time lookup and a one-record read).
-    let horizon = if from < end {
-        Some(changelog.horizon()?)
-    } else {
-        None
-    };
-    if let Some(horizon) = horizon
-        && !horizon.can_resume_after(applied)
-    {
-        return Err(Error::stale(format!(
-            "changelog no longer holds everything needed to resume changelog=`{}` from_offset={from} \
-             tombstones_before={} deleted_before={}; rebuild the store from a newer snapshot or from scratch",
-            changelog.id(),
-            horizon.tombstones_before,
-            horizon.deleted_before,
-        )));
-    }
     let mut report = ReplayReport {
         from_offset: from,
         end_offset: end,
@@ -166,6 +148,18 @@ where
     if from == end {
         report.duration = started.elapsed();
         return Ok(report);
+    }
+    // Only a tail to read needs the horizon (for Kafka it costs a topic
+    // config lookup, an offset-by-time lookup and a one-record read).
+    let horizon = changelog.horizon()?;
+    if !horizon.can_resume_after(applied) {
+        return Err(Error::stale(format!(
+            "changelog no longer holds everything needed to resume changelog=`{}` from_offset={from} \
+             tombstones_before={} deleted_before={}; rebuild the store from a newer snapshot or from scratch",
+            changelog.id(),
+            horizon.tombstones_before,
+            horizon.deleted_before,
+        )));
     }
     let batch_size = options.batch_size.max(1);
     let mut reader = changelog.read_from(from)?;
