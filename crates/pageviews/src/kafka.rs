@@ -60,16 +60,24 @@ pub fn end_offsets(bootstrap: &str, topic: &str) -> Result<BTreeMap<i32, i64>> {
     Ok(out)
 }
 
-/// The offsets group `group` committed for `topic` (partitions without a
-/// commit are left out).
-pub fn committed_offsets(bootstrap: &str, group: &str, topic: &str) -> Result<BTreeMap<i32, i64>> {
-    let ends = end_offsets(bootstrap, topic)?;
-    let consumer: BaseConsumer = config(bootstrap).set("group.id", group).create()?;
+/// A client of group `group` that reads its committed offsets
+/// ([`committed_offsets`]) without joining it.
+pub fn group_client(bootstrap: &str, group: &str) -> Result<BaseConsumer> {
+    Ok(config(bootstrap).set("group.id", group).create()?)
+}
+
+/// The offsets `client`'s group committed for `partitions` of `topic`
+/// (partitions without a commit are left out).
+pub fn committed_offsets(
+    client: &BaseConsumer,
+    topic: &str,
+    partitions: impl IntoIterator<Item = i32>,
+) -> Result<BTreeMap<i32, i64>> {
     let mut tpl = TopicPartitionList::new();
-    for p in ends.keys() {
-        tpl.add_partition(topic, *p);
+    for p in partitions {
+        tpl.add_partition(topic, p);
     }
-    let committed = consumer.committed_offsets(tpl, TIMEOUT)?;
+    let committed = client.committed_offsets(tpl, TIMEOUT)?;
     Ok(committed
         .elements()
         .iter()
@@ -94,8 +102,8 @@ pub struct ReadRecord {
 }
 
 /// Every record of `topic` up to its end offsets at the call, partition by
-/// partition in offset order.
-pub fn read_topic(bootstrap: &str, topic: &str) -> Result<Vec<ReadRecord>> {
+/// partition in offset order, and those end offsets.
+pub fn read_topic(bootstrap: &str, topic: &str) -> Result<(Vec<ReadRecord>, BTreeMap<i32, i64>)> {
     let ends = end_offsets(bootstrap, topic)?;
     let consumer: BaseConsumer = config(bootstrap)
         .set("group.id", "pageviews-reader")
@@ -137,5 +145,5 @@ pub fn read_topic(bootstrap: &str, topic: &str) -> Result<Vec<ReadRecord>> {
             None => {}
         }
     }
-    Ok(by_partition.into_values().flatten().collect())
+    Ok((by_partition.into_values().flatten().collect(), ends))
 }

@@ -22,7 +22,7 @@ use statesnap::{Repository, StateManager};
 
 use crate::Result;
 use crate::app::{MoveLine, STORE, changelog_options, store_spec};
-use crate::kafka::{committed_offsets, create_topics, end_offsets, read_topic};
+use crate::kafka::{committed_offsets, create_topics, end_offsets, group_client, read_topic};
 use crate::model::{Model, Output, UserState, events};
 
 /// What to run against.
@@ -332,11 +332,12 @@ fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> Result<boo
 fn wait_consumed(config: &ScenarioConfig, procs: &mut [&mut Proc], within: Duration) -> Result<()> {
     let input = input_topic(&config.app_id);
     let ends = end_offsets(&config.bootstrap, &input)?;
+    let client = group_client(&config.bootstrap, &config.app_id)?;
     wait_until("the group to consume the whole input", within, || {
         for p in procs.iter_mut() {
             p.check_alive()?;
         }
-        let committed = committed_offsets(&config.bootstrap, &config.app_id, &input)?;
+        let committed = committed_offsets(&client, &input, ends.keys().copied())?;
         Ok(ends
             .iter()
             .all(|(p, end)| committed.get(p).is_some_and(|c| c >= end)))
@@ -716,15 +717,14 @@ pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>
 
 /// Compares outputs and every partition's final state with the model.
 pub async fn verify(config: &ScenarioConfig, report: &mut ScenarioReport) -> Result<()> {
-    let input = read_topic(&config.bootstrap, &input_topic(&config.app_id))?;
+    let (input, ends) = read_topic(&config.bootstrap, &input_topic(&config.app_id))?;
     let mut model = Model::default();
     for r in &input {
         model.feed(r.partition, r.offset, &r.value);
     }
     report.input_records = input.len();
-    let ends = end_offsets(&config.bootstrap, &input_topic(&config.app_id))?;
 
-    let output = read_topic(&config.bootstrap, &output_topic(&config.app_id))?;
+    let (output, _) = read_topic(&config.bootstrap, &output_topic(&config.app_id))?;
     let mut seen: BTreeMap<(i32, i64), Output> = BTreeMap::new();
     for r in &output {
         let o: Output = serde_json::from_slice(&r.value).map_err(|e| {
