@@ -6,9 +6,10 @@
 //! leaf. This bench fills a map with 1 M entries (16-byte keys, 96-byte
 //! values), then times 400 000 random overwrites with no clone held and
 //! with one held (as while a snapshot is written), for three layouts:
-//! `Bytes` keys and values (what `MemoryStore` holds today), inline
-//! fixed-size arrays, and `Bytes` keys with `Arc<[u8]>` values. It also
-//! times dropping the held version. Prints a table; no criterion (one
+//! `Bytes` keys and values (what `MemoryStore` held before its slots),
+//! inline fixed-size arrays (what its slots hold for short keys and
+//! values, `src/store/slot.rs`), and `Bytes` keys with `Arc<[u8]>` values.
+//! It also times dropping the held version. Prints a table; no criterion (one
 //! large run per case says more than many small ones here).
 //!
 //! `STATESNAP_BENCH_MAP_KEYS` sets the size (default 1 000 000; 50 000

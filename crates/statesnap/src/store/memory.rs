@@ -5,19 +5,26 @@
 //! snapshot take a consistent cut ([`MemoryStore::cut`]) on the processing
 //! thread in microseconds and serialise it in the background while writes go
 //! on.
+//!
+//! Keys and values are [`Slot`](super::slot)s: inline when short, so the
+//! leaf copies a capture causes are plain memory copies (see that module).
 
 use bytes::Bytes;
 use imbl::OrdMap;
 use std::ops::Bound;
 
+use super::slot::{KeySlot, Lookup, ValueSlot, cmp_bytes};
 use super::{KvIter, SizeEstimate, StateStore};
 use crate::changelog::{ChangelogBinding, Record};
 use crate::error::Result;
 
+/// The persistent map a [`MemoryStore`] and its cuts hold.
+pub(crate) type MemoryMap = OrdMap<KeySlot, ValueSlot>;
+
 /// An in-memory [`StateStore`].
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
-    map: OrdMap<Bytes, Bytes>,
+    map: MemoryMap,
     applied_offset: Option<u64>,
     /// Sum of key and value lengths of live entries.
     bytes: u64,
@@ -33,7 +40,7 @@ pub struct MemoryStore {
 /// `into_parts` to compute deltas).
 #[derive(Debug, Clone)]
 pub struct MemoryCut {
-    map: OrdMap<Bytes, Bytes>,
+    map: MemoryMap,
     applied_offset: Option<u64>,
     bytes: u64,
     binding: Option<ChangelogBinding>,
@@ -66,24 +73,17 @@ impl MemoryCut {
     }
 
     /// The value of `key` at the cut.
-    pub fn get(&self, key: &[u8]) -> Option<&Bytes> {
-        self.map.get(key)
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.map.get(&Lookup(key)).map(|v| &v[..])
     }
 
     /// Every entry at the cut, in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &Bytes)> {
-        self.map.iter()
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.map.iter().map(|(k, v)| (&k[..], &v[..]))
     }
 
     /// Map, offset, logical bytes and binding, for formats in this crate.
-    pub(crate) fn into_parts(
-        self,
-    ) -> (
-        OrdMap<Bytes, Bytes>,
-        Option<u64>,
-        u64,
-        Option<ChangelogBinding>,
-    ) {
+    pub(crate) fn into_parts(self) -> (MemoryMap, Option<u64>, u64, Option<ChangelogBinding>) {
         (self.map, self.applied_offset, self.bytes, self.binding)
     }
 }
@@ -127,7 +127,7 @@ impl MemoryStore {
 
 impl StateStore for MemoryStore {
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
-        Ok(self.map.get(key).cloned())
+        Ok(self.map.get(&Lookup(key)).map(ValueSlot::to_bytes))
     }
 
     fn range<'a>(&'a self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<KvIter<'a>> {
@@ -137,7 +137,7 @@ impl StateStore for MemoryStore {
         let it = self
             .map
             .range::<_, [u8]>((start, end))
-            .map(|(k, v)| Ok((k.clone(), v.clone())));
+            .map(|(k, v)| Ok((k.to_bytes(), v.to_bytes())));
         Ok(Box::new(it))
     }
 
@@ -155,7 +155,7 @@ impl StateStore for MemoryStore {
         let mut order: Vec<&Record>;
         let records: &mut dyn Iterator<Item = &Record> = if batch.len() >= SORTED_APPLY_MIN {
             order = batch.iter().collect();
-            order.sort_by(|a, b| a.key.cmp(&b.key));
+            order.sort_by(|a, b| cmp_bytes(&a.key, &b.key));
             order.dedup_by(|later, earlier| {
                 let same = later.key == earlier.key;
                 if same {
@@ -169,19 +169,31 @@ impl StateStore for MemoryStore {
             &mut batch.iter()
         };
         for r in records {
-            let old = match &r.value {
-                Some(v) => {
-                    self.bytes += (r.key.len() + v.len()) as u64;
-                    // Own copies: records read from a changelog are slices of
-                    // large read buffers, and keeping one live value would pin
-                    // its whole buffer (the store would hold the log, not the
-                    // state).
-                    self.map.insert(shared_copy(&r.key), shared_copy(v))
-                }
-                None => self.map.remove(&r.key[..]),
+            // Own copies, never slices of the record's buffer
+            // (`Slot::copy_of`).
+            let old_len = match &r.value {
+                // Most writes overwrite a key: replace the value in place,
+                // passing only the key down the tree (an `insert` moves the
+                // whole 160-byte entry through every level).
+                Some(v) => match self.map.get_mut(&Lookup(&r.key)) {
+                    Some(slot) => {
+                        let old_len = slot.len();
+                        *slot = ValueSlot::copy_of(v);
+                        Some(old_len)
+                    }
+                    None => {
+                        self.map
+                            .insert(KeySlot::copy_of(&r.key), ValueSlot::copy_of(v));
+                        None
+                    }
+                },
+                None => self.map.remove(&Lookup(&r.key)).map(|old| old.len()),
             };
-            if let Some(old) = old {
-                self.bytes = self.bytes.saturating_sub((r.key.len() + old.len()) as u64);
+            if let Some(v) = &r.value {
+                self.bytes += (r.key.len() + v.len()) as u64;
+            }
+            if let Some(old_len) = old_len {
+                self.bytes = self.bytes.saturating_sub((r.key.len() + old_len) as u64);
             }
         }
         self.applied_offset = Some(applied_offset);
@@ -214,19 +226,6 @@ impl StateStore for MemoryStore {
 /// Batches of at least this many records are applied in key order.
 const SORTED_APPLY_MIN: usize = 256;
 
-/// An owned copy of `s` in `Bytes`' shared representation. A `Bytes` made
-/// from a `Vec` allocates its reference-count header on its first clone;
-/// in the persistent map that first clone is the copy of its leaf after a
-/// capture, so a snapshot would make the writer pay one allocation per
-/// entry of every leaf it touches (`benches/map_layout.rs`: +82 % per write
-/// with a capture held, against +28 % with entries shared on insert, for
-/// the same insert cost). Cloning once here pays it up front, once.
-fn shared_copy(s: &[u8]) -> Bytes {
-    let b = Bytes::copy_from_slice(s);
-    drop(b.clone());
-    b
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,8 +247,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cut.applied_offset, Some(1));
-        assert_eq!(cut.map.get(&b"a"[..]).map(|v| &v[..]), Some(&b"1"[..]));
-        assert!(cut.map.contains_key(&b"b"[..]));
+        assert_eq!(cut.get(b"a"), Some(&b"1"[..]));
+        assert!(cut.get(b"b").is_some());
         assert_eq!(s.get(b"a").unwrap().as_deref(), Some(&b"9"[..]));
         assert_eq!(s.get(b"b").unwrap(), None);
         let keys: Vec<_> = s.iter().unwrap().map(|kv| kv.unwrap().0).collect();

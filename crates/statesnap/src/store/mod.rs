@@ -14,6 +14,7 @@ pub mod memory;
 pub mod replay;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;
+pub(crate) mod slot;
 
 use bytes::Bytes;
 use std::ops::Bound;

@@ -126,7 +126,8 @@ pub fn record_len(key: &[u8], value: Option<&[u8]>) -> usize {
 pub struct ChunkBuilder {
     buf: Vec<u8>,
     count: u32,
-    last_key: Option<Bytes>,
+    /// The last key pushed (its buffer reused), for the order check.
+    last_key: Option<Vec<u8>>,
 }
 
 impl ChunkBuilder {
@@ -136,9 +137,9 @@ impl ChunkBuilder {
     }
 
     /// Appends a record; keys must be strictly ascending.
-    pub fn push(&mut self, key: &Bytes, value: Option<&[u8]>) -> Result<()> {
+    pub fn push(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
         if let Some(last) = &self.last_key
-            && key <= last
+            && key <= &last[..]
         {
             return Err(Error::internal(format!(
                 "portable run is not in strictly ascending key order key_len={} record={}",
@@ -161,7 +162,13 @@ impl ChunkBuilder {
             }
         }
         self.count += 1;
-        self.last_key = Some(key.clone());
+        match &mut self.last_key {
+            Some(last) => {
+                last.clear();
+                last.extend_from_slice(key);
+            }
+            None => self.last_key = Some(key.to_vec()),
+        }
         Ok(())
     }
 
@@ -242,7 +249,7 @@ impl Chunker {
     }
 
     /// Appends a record; returns a sealed chunk when one ends here.
-    pub fn push(&mut self, key: &Bytes, value: Option<&[u8]>) -> Result<Option<Bytes>> {
+    pub fn push(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<Option<Bytes>> {
         self.builder.push(key, value)?;
         let len = self.builder.len();
         let cut = len >= self.params.max

@@ -2,14 +2,12 @@
 //! and applied offset ([`PortableCut`]), and the stores that produce one
 //! ([`PortableSource`]).
 
-use bytes::Bytes;
-use imbl::OrdMap;
 use std::sync::Arc;
 
 use crate::changelog::ChangelogBinding;
 use crate::digest::LogicalDigest;
 use crate::error::Result;
-use crate::store::memory::{MemoryCut, MemoryStore};
+use crate::store::memory::{MemoryCut, MemoryMap, MemoryStore};
 use crate::store::{KeyValue, StateStore, StateStoreExt};
 
 /// A store the portable format can snapshot: it produces a consistent cut of
@@ -44,8 +42,8 @@ impl PortableSource for crate::store::rocks::RocksStore {
 /// when half the keys or more changed (a scan of `new` is cheaper then).
 pub(super) fn follow_digest(
     mut digest: LogicalDigest,
-    old: &OrdMap<Bytes, Bytes>,
-    new: &OrdMap<Bytes, Bytes>,
+    old: &MemoryMap,
+    new: &MemoryMap,
 ) -> Option<LogicalDigest> {
     use imbl::ordmap::DiffItem;
     let budget = new.len() / 2 + 16;
@@ -78,7 +76,7 @@ pub struct PortableCut {
 
 #[derive(Debug, Clone)]
 pub(super) enum CutContents {
-    Memory(OrdMap<Bytes, Bytes>, u64),
+    Memory(MemoryMap, u64),
     Sorted(Arc<Vec<KeyValue>>, u64),
 }
 
@@ -165,9 +163,10 @@ impl PortableCut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::slot::{KeySlot, ValueSlot};
     use proptest::prelude::*;
 
-    fn scan(m: &OrdMap<Bytes, Bytes>) -> LogicalDigest {
+    fn scan(m: &MemoryMap) -> LogicalDigest {
         LogicalDigest::of_pairs(m.iter().map(|(k, v)| (&k[..], &v[..])))
     }
 
@@ -181,14 +180,13 @@ mod tests {
                 1..6,
             ),
         ) {
-            let mut map = OrdMap::new();
+            let mut map = MemoryMap::new();
             let mut last = (map.clone(), LogicalDigest::new());
             for ops in rounds {
                 for (k, v) in ops {
-                    let key = Bytes::from(vec![k]);
                     match v {
-                        Some(v) => { map.insert(key, Bytes::from(vec![v; 3])); }
-                        None => { map.remove(&key); }
+                        Some(v) => { map.insert(KeySlot::copy_of(&[k]), ValueSlot::copy_of(&[v; 3])); }
+                        None => { map.remove(&[k][..]); }
                     }
                 }
                 let expected = scan(&map);
@@ -202,24 +200,16 @@ mod tests {
 
     #[test]
     fn a_mostly_rewritten_map_is_scanned_instead() {
-        let old: OrdMap<Bytes, Bytes> = (0u32..100)
-            .map(|i| {
-                (
-                    Bytes::from(i.to_be_bytes().to_vec()),
-                    Bytes::from_static(b"a"),
-                )
-            })
+        let old: MemoryMap = (0u32..100)
+            .map(|i| (KeySlot::copy_of(&i.to_be_bytes()), ValueSlot::copy_of(b"a")))
             .collect();
         let mut new = old.clone();
         for i in 0u32..80 {
-            new.insert(
-                Bytes::from(i.to_be_bytes().to_vec()),
-                Bytes::from_static(b"b"),
-            );
+            new.insert(KeySlot::copy_of(&i.to_be_bytes()), ValueSlot::copy_of(b"b"));
         }
         assert!(follow_digest(scan(&old), &old, &new).is_none());
         new = old.clone();
-        new.insert(Bytes::from_static(b"x"), Bytes::from_static(b"y"));
+        new.insert(KeySlot::copy_of(b"x"), ValueSlot::copy_of(b"y"));
         assert_eq!(follow_digest(scan(&old), &old, &new), Some(scan(&new)));
     }
 }

@@ -80,7 +80,7 @@ pub struct PortableFormat<S> {
     last: Mutex<Option<LastWrite>>,
     /// The last memory cut whose digest was computed, with that digest:
     /// the next one follows the changes instead of rescanning.
-    digested: Mutex<Option<(imbl::OrdMap<bytes::Bytes, bytes::Bytes>, LogicalDigest)>>,
+    digested: Mutex<Option<(crate::store::memory::MemoryMap, LogicalDigest)>>,
 }
 
 impl<S> fmt::Debug for PortableFormat<S> {

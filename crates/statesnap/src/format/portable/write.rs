@@ -2,7 +2,6 @@
 //! records are encoded on a blocking thread while the chunks upload.
 
 use bytes::Bytes;
-use imbl::OrdMap;
 use std::sync::Arc;
 
 use super::chunk::{self, ChunkParams, Chunker};
@@ -14,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::format::{FormatOutput, WriteContext};
 use crate::repo::{FileEntry, Manifest, SnapshotStats, SnapshotWriter};
 use crate::store::KeyValue;
+use crate::store::memory::MemoryMap;
 
 /// Sealed chunks buffered between the encoder thread and the uploader.
 const UPLOAD_QUEUE: usize = 4;
@@ -23,7 +23,7 @@ const UPLOAD_QUEUE: usize = 4;
 pub(super) struct LastWrite {
     offset: u64,
     files: Vec<FileEntry>,
-    map: OrdMap<Bytes, Bytes>,
+    map: MemoryMap,
 }
 
 impl<S> PortableFormat<S> {
@@ -40,10 +40,7 @@ impl<S> PortableFormat<S> {
 
     /// The parent's layers and our last cut, if `parent` is the snapshot this
     /// format wrote last (same offset, same files).
-    fn delta_base(
-        &self,
-        parent: Option<&Manifest>,
-    ) -> Option<(Vec<LayerMeta>, OrdMap<Bytes, Bytes>)> {
+    fn delta_base(&self, parent: Option<&Manifest>) -> Option<(Vec<LayerMeta>, MemoryMap)> {
         let parent = parent?;
         let last = self.lock_last();
         let last = last.as_ref()?;
@@ -56,7 +53,7 @@ impl<S> PortableFormat<S> {
 }
 
 enum Run {
-    Map(OrdMap<Bytes, Bytes>),
+    Map(MemoryMap),
     Sorted(Arc<Vec<KeyValue>>),
     Records(Vec<Record>),
 }
@@ -84,10 +81,10 @@ async fn write_layer(
                 None => true,
             }
         };
-        let mut push = |k: &Bytes, v: Option<&Bytes>| -> Result<bool> {
+        let mut push = |k: &[u8], v: Option<&[u8]>| -> Result<bool> {
             records += 1;
-            logical += (k.len() + v.map_or(0, Bytes::len)) as u64;
-            Ok(emit(chunker.push(k, v.map(|v| &v[..]))?))
+            logical += (k.len() + v.map_or(0, <[u8]>::len)) as u64;
+            Ok(emit(chunker.push(k, v)?))
         };
         let completed = match &run {
             Run::Map(m) => {
@@ -108,7 +105,7 @@ async fn write_layer(
             }
             Run::Records(rs) => rs.iter().try_fold(true, |ok, r| {
                 if ok {
-                    push(&r.key, r.value.as_ref())
+                    push(&r.key, r.value.as_deref())
                 } else {
                     Ok(false)
                 }
@@ -138,16 +135,16 @@ async fn write_layer(
 }
 
 /// The keys written or deleted between `old` and `new`, ascending.
-fn diff_maps(old: &OrdMap<Bytes, Bytes>, new: &OrdMap<Bytes, Bytes>) -> Vec<Record> {
+fn diff_maps(old: &MemoryMap, new: &MemoryMap) -> Vec<Record> {
     use imbl::ordmap::DiffItem;
     old.diff(new)
         .map(|d| match d {
             DiffItem::Add(k, v) | DiffItem::Update { new: (k, v), .. } => Record {
-                key: k.clone(),
-                value: Some(v.clone()),
+                key: k.to_bytes(),
+                value: Some(v.to_bytes()),
             },
             DiffItem::Remove(k, _) => Record {
-                key: k.clone(),
+                key: k.to_bytes(),
                 value: None,
             },
         })
