@@ -549,6 +549,10 @@ impl Repository {
             w.write_all(&chunk).await.map_err(werr)?;
         }
         w.flush().await.map_err(werr)?;
+        // Write this range back now, while the other ranges are still
+        // downloading, so the fsync at the end of the blob finds little
+        // left to write (the disk's work overlaps the network's).
+        w.get_mut().sync_data().await.map_err(werr)?;
         r.range_hash().ok_or_else(|| {
             Error::internal(format!(
                 "a whole-blob read in a ranged download key=`{key}`"
