@@ -175,23 +175,23 @@ impl StateStore for MemoryStore {
                 // Most writes overwrite a key: replace the value in place,
                 // passing only the key down the tree (an `insert` moves the
                 // whole 160-byte entry through every level).
-                Some(v) => match self.map.get_mut(&Lookup(&r.key)) {
-                    Some(slot) => {
-                        let old_len = slot.len();
-                        *slot = ValueSlot::copy_of(v);
-                        Some(old_len)
+                Some(v) => {
+                    self.bytes += (r.key.len() + v.len()) as u64;
+                    match self.map.get_mut(&Lookup(&r.key)) {
+                        Some(slot) => {
+                            let old_len = slot.len();
+                            *slot = ValueSlot::copy_of(v);
+                            Some(old_len)
+                        }
+                        None => {
+                            self.map
+                                .insert(KeySlot::copy_of(&r.key), ValueSlot::copy_of(v));
+                            None
+                        }
                     }
-                    None => {
-                        self.map
-                            .insert(KeySlot::copy_of(&r.key), ValueSlot::copy_of(v));
-                        None
-                    }
-                },
+                }
                 None => self.map.remove(&Lookup(&r.key)).map(|old| old.len()),
             };
-            if let Some(v) = &r.value {
-                self.bytes += (r.key.len() + v.len()) as u64;
-            }
             if let Some(old_len) = old_len {
                 self.bytes = self.bytes.saturating_sub((r.key.len() + old_len) as u64);
             }

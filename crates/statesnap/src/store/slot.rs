@@ -18,7 +18,6 @@ use equivalent::{Comparable, Equivalent};
 use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 
 /// Longest key kept inline: the slot is then 40 bytes, the size of a
@@ -36,8 +35,8 @@ pub(crate) type KeySlot = Slot<KEY_INLINE>;
 /// A value in a [`MemoryStore`](super::memory::MemoryStore).
 pub(crate) type ValueSlot = Slot<VALUE_INLINE>;
 
-/// Bytes held inline up to `N` long, else in a shared buffer. Compares,
-/// hashes and borrows as the `[u8]` it holds, so a map keyed by slots is
+/// Bytes held inline up to `N` long, else in a shared buffer. Compares
+/// and borrows as the `[u8]` it holds, so a map keyed by slots is
 /// searched with a plain `&[u8]`.
 #[derive(Clone)]
 pub(crate) struct Slot<const N: usize>(Repr<N>);
@@ -100,12 +99,6 @@ impl<const N: usize> Deref for Slot<N> {
             Repr::Inline { len, buf } => &buf[..usize::from(*len)],
             Repr::Shared(b) => b,
         }
-    }
-}
-
-impl<const N: usize> AsRef<[u8]> for Slot<N> {
-    fn as_ref(&self) -> &[u8] {
-        self
     }
 }
 
@@ -172,12 +165,6 @@ pub(crate) fn cmp_bytes(mut a: &[u8], mut b: &[u8]) -> Ordering {
         }
     }
     a.len().cmp(&b.len())
-}
-
-impl<const N: usize> Hash for Slot<N> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self[..].hash(state);
-    }
 }
 
 impl<const N: usize> fmt::Debug for Slot<N> {
