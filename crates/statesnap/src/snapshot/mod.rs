@@ -122,20 +122,23 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
         None
     };
     let started = std::time::Instant::now();
-    let out = format
-        .write(
-            cut,
-            WriteContext {
-                repo,
-                store_key,
-                parent,
-            },
-        )
-        .await?;
+    let write = format.write(
+        cut,
+        WriteContext {
+            repo,
+            store_key,
+            parent,
+        },
+    );
     // Durability: everything up to the cut's offset is on disk (file log:
     // fsync; Kafka: acknowledged by all in-sync replicas) before a manifest
-    // can name that offset.
-    changelog.flush()?;
+    // can name that offset. The flush only has to finish before the commit
+    // below, so it runs while the files upload: `join` polls the write
+    // first, which hands its transfers to other threads, and the flush's
+    // wait then overlaps them instead of following them.
+    let (out, flushed) = futures::join!(write, async { changelog.flush() });
+    let out = out?;
+    flushed?;
     let now = changelog.lineage()?;
     if now != binding.lineage {
         return Err(Error::stale(format!(
