@@ -196,6 +196,7 @@ fn runtime_repo_options(clock: statesnap::clock::SharedClock) -> statesnap::Repo
             multipart_threshold: 32 << 10,
             part_size: 32 << 10,
             download_part_size: 32 << 10,
+            ..Default::default()
         },
         ..Default::default()
     }

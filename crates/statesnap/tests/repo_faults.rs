@@ -30,6 +30,7 @@ fn transfer() -> TransferOptions {
         multipart_threshold: 64 << 10,
         part_size: 32 << 10,
         download_part_size: 16 << 10,
+        ..Default::default()
     }
 }
 

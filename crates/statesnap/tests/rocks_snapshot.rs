@@ -1082,3 +1082,122 @@ fn store_without_auto_compactions(dir: &Path) -> RocksStore {
         .unwrap();
     store
 }
+
+// ------------------------------------------- restores synced in the background
+
+/// The marks a restore that syncs in the background leaves in `dir`.
+fn unsynced_marks(dir: &Path) -> Vec<String> {
+    entries_with(dir, ".statesnap-unsynced-")
+}
+
+/// A restore returns before its files are on disk (the default,
+/// `RestoreSync::Background`); the mark it leaves is removed once they are.
+/// If the machine restarts before that, the store's files may be anything:
+/// simulated here by a mark from another boot and an SST that never
+/// reached the disk (zeroed). Opening the store is refused, saying why, and
+/// a local-first restore (what the runtime runs) sets the store aside and
+/// restores it exactly, downloading what the local copy no longer matches.
+#[test]
+fn a_store_left_unsynced_by_a_machine_restart_is_refused_and_restored_again() {
+    let s = two_snapshots();
+    let target = s.dir.path().join("target");
+    let (store, _) = s.restore(&s.new, &target).unwrap();
+    store.wait_durable().unwrap();
+    assert_eq!(unsynced_marks(&target), Vec::<String>::new());
+    drop(store);
+
+    std::fs::write(
+        target.join(".statesnap-unsynced-0123"),
+        "a-boot-before-the-crash\n",
+    )
+    .unwrap();
+    let victim = largest(ssts(&s.new));
+    let len = std::fs::metadata(target.join(&victim)).unwrap().len();
+    std::fs::write(
+        target.join(&victim),
+        vec![0u8; usize::try_from(len).unwrap()],
+    )
+    .unwrap();
+
+    let e = RocksStore::open(&target, &opts()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    let msg = e.to_string();
+    for needle in [
+        "machine restarted",
+        "a-boot-before-the-crash",
+        "restore it again",
+    ] {
+        assert!(msg.contains(needle), "{needle:?} not in {msg}");
+    }
+
+    let (store, report) =
+        s.rt.block_on(restore_store(
+            &s.format,
+            &s.repo,
+            &sk(),
+            &s.log,
+            &target,
+            &RestoreOptions {
+                local_first: true,
+                ..RestoreOptions::default()
+            },
+        ))
+        .unwrap();
+    assert!(
+        report
+            .plan
+            .rejected
+            .iter()
+            .any(|r| r.kind == ErrorKind::Corrupt && r.reason.contains("machine restarted")),
+        "{:?}",
+        report.plan.rejected
+    );
+    assert_eq!(report.snapshot, Some(s.new.snapshot_id));
+    assert!(report.transfer.files_downloaded >= 1, "{report:?}");
+    assert_eq!(contents(&store), s.model);
+    store.wait_durable().unwrap();
+    assert_eq!(unsynced_marks(&target), Vec::<String>::new());
+}
+
+/// A process that dies before its restore's files are synced loses
+/// nothing the kernel had (same boot): the store opens, and opening it
+/// finishes the sync and removes the mark.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_mark_of_this_boot_is_synced_by_the_next_open() {
+    let s = two_snapshots();
+    let target = s.dir.path().join("target");
+    let (store, _) = s.restore(&s.new, &target).unwrap();
+    store.wait_durable().unwrap();
+    drop(store);
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    std::fs::write(target.join(".statesnap-unsynced-0456"), boot).unwrap();
+    let store = RocksStore::open(&target, &opts()).unwrap();
+    store.wait_durable().unwrap();
+    assert_eq!(unsynced_marks(&target), Vec::<String>::new());
+    let mut store = store;
+    replay_tail(&mut store, &s.log);
+    assert_eq!(contents(&store), s.model);
+}
+
+/// `RestoreSync::Immediate`: every file is fsynced before the store is
+/// published, so it carries no mark at all.
+#[test]
+fn an_immediate_restore_leaves_no_mark() {
+    let s = two_snapshots();
+    let repo = s
+        .repo
+        .clone()
+        .with_transfer(statesnap::repo::TransferOptions {
+            restore_sync: statesnap::repo::RestoreSync::Immediate,
+            ..*s.repo.transfer()
+        });
+    let target = s.dir.path().join("target");
+    let (store, _) =
+        s.rt.block_on(restore_snapshot(&s.format, &s.new, &repo, &target))
+            .unwrap();
+    assert_eq!(unsynced_marks(&target), Vec::<String>::new());
+    let mut store = store;
+    replay_tail(&mut store, &s.log);
+    assert_eq!(contents(&store), s.model);
+}

@@ -105,6 +105,9 @@ pub async fn scale_point(dir: &Path, keys: u64) -> Result<ScalePoint> {
         .await?;
     let restore = t.elapsed();
     let restore_rss = PeakRss::growth(&rss);
+    // The background fsync ends before the files are removed (which would
+    // spare the disk its write-back).
+    restored.wait_durable()?;
     drop(restored);
     remove(&cdir)?;
     Ok(ScalePoint {
@@ -294,6 +297,7 @@ pub async fn restore_vs_raw_get(
             )
             .await?;
         ours.push(t.elapsed());
+        restored.wait_durable()?;
         drop(restored);
         remove(&target)?;
         let t = Instant::now();

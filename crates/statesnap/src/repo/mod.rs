@@ -43,7 +43,7 @@ use std::time::Duration;
 use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, ErrorKind, Result};
 
-pub use blob::{BlobRef, PutOutcome, TransferOptions};
+pub use blob::{BlobRef, PutOutcome, RestoreSync, TransferOptions};
 pub use catalog::{Listing, SnapshotInfo, StoreSummary, UnreadableManifest};
 pub use clone::CloneReport;
 pub use commit::SnapshotWriter;

@@ -226,7 +226,10 @@ pub async fn restore_into<F: StoreFormat, C: Changelog + ?Sized>(
             format.id().name
         )));
     }
-    staging::sync_tree(&stage)?;
+    // A directory restore returns a durable store: the files a format left
+    // to sync in the background are synced here, and its marks removed.
+    let marks = crate::store::unsynced::check(&stage)?;
+    crate::store::unsynced::sync_and_clear(&stage, &marks)?;
     staging::swap_into_place(&stage, target, |_| Ok(()))?;
     guard.armed = false;
     Ok(report)

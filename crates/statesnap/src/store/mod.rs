@@ -15,6 +15,7 @@ pub mod replay;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;
 pub(crate) mod slot;
+pub(crate) mod unsynced;
 
 use bytes::Bytes;
 use std::ops::Bound;

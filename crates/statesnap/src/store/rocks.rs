@@ -104,6 +104,9 @@ pub struct RocksStore {
     /// A fresh identity per open: SST file names are unique only within one
     /// incarnation, so snapshot code keys its file-hash cache on it.
     incarnation: uuid::Uuid,
+    /// The background fsync of files a restore left to reach the disk
+    /// (see [`RocksStore::wait_durable`]).
+    restored_sync: Option<super::unsynced::BackgroundSync>,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -141,8 +144,16 @@ pub(crate) fn rocks_error(what: &str, path: &Path, err: rocksdb::Error) -> Error
 
 impl RocksStore {
     /// Opens (or creates) a store at `path`.
+    ///
+    /// A store that a restore published before its files were on disk (the
+    /// default on Linux, see [`RestoreSync`](crate::repo::RestoreSync)) is
+    /// refused (`corrupt`) if the machine has restarted since, as its files
+    /// may be incomplete: restore it again. On the same boot it opens, and
+    /// the background fsync starts again if the restoring process ended
+    /// before it finished.
     pub fn open(path: impl AsRef<Path>, options: &RocksOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        let unsynced = super::unsynced::check(&path)?;
         let opts = options.db_options();
         let cfs = vec![
             ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
@@ -159,6 +170,14 @@ impl RocksStore {
         let binding = read_binding(&db, &path)?;
         // A directory RocksDB opened as a store is one restores may replace.
         super::mark_store_dir(&path)?;
+        let restored_sync = if unsynced.is_empty() {
+            None
+        } else {
+            Some(super::unsynced::BackgroundSync::spawn(
+                path.clone(),
+                unsynced,
+            )?)
+        };
         Ok(RocksStore {
             db,
             path,
@@ -166,7 +185,21 @@ impl RocksStore {
             binding,
             write_opts,
             incarnation: uuid::Uuid::new_v4(),
+            restored_sync,
         })
+    }
+
+    /// Blocks until the files a restore left to reach the disk in the
+    /// background are durable (at once if there are none), and returns
+    /// whether that succeeded. A store is usable before then; waiting only
+    /// matters to a caller that wants the restore's bytes on disk — for a
+    /// benchmark, or before taking the machine down on purpose. If it
+    /// fails, the store stays marked and is restored again, not used,
+    /// after a machine restart.
+    pub fn wait_durable(&self) -> Result<()> {
+        self.restored_sync
+            .as_ref()
+            .map_or(Ok(()), super::unsynced::BackgroundSync::wait)
     }
 
     /// This open's identity (new on every [`RocksStore::open`]). Two stores

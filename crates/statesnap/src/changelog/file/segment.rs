@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use super::codec::{self, Frame, HEADER_LEN};
 use crate::error::{Error, Result};
+pub(crate) use crate::util::{read_exact_at, write_all_at};
 
 /// An index entry is added when this many bytes were written since the last one.
 pub(crate) const INDEX_INTERVAL_BYTES: u64 = 64 * 1024;
@@ -256,50 +257,5 @@ impl Segment {
             "changelog segment is corrupt path=`{}` file_offset=`{pos}`: {reason}",
             self.path.display()
         ))
-    }
-}
-
-/// `pread` that fills `buf` completely.
-pub(crate) fn read_exact_at(file: &File, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        std::os::unix::fs::FileExt::read_exact_at(file, buf, pos)
-    }
-    #[cfg(windows)]
-    {
-        let mut done = 0;
-        while done < buf.len() {
-            let n = std::os::windows::fs::FileExt::seek_read(
-                file,
-                &mut buf[done..],
-                pos + done as u64,
-            )?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            done += n;
-        }
-        Ok(())
-    }
-}
-
-/// `pwrite` that writes `buf` completely.
-pub(crate) fn write_all_at(file: &File, buf: &[u8], pos: u64) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        std::os::unix::fs::FileExt::write_all_at(file, buf, pos)
-    }
-    #[cfg(windows)]
-    {
-        let mut done = 0;
-        while done < buf.len() {
-            let n =
-                std::os::windows::fs::FileExt::seek_write(file, &buf[done..], pos + done as u64)?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            done += n;
-        }
-        Ok(())
     }
 }
