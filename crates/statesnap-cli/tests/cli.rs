@@ -244,6 +244,14 @@ fn plan_and_restore_agree_and_restore_refuses_a_non_empty_target() {
     assert_eq!(r["source"]["kind"], "snapshot");
     assert_eq!(r["source"]["id"], ids[2].as_str());
     assert_eq!(r["records_replayed"], 0);
+    // `restore --to` returns a durable directory: every file synced, no
+    // mark left for a background sync to remove.
+    let marks: Vec<_> = std::fs::read_dir(&target)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".statesnap-unsynced-"))
+        .collect();
+    assert!(marks.is_empty(), "{marks:?}");
     // The restored directory is a RocksDB store with the data.
     let store = statesnap::RocksStore::open(&target, &Default::default()).expect("open restored");
     assert_eq!(
