@@ -371,6 +371,49 @@ async fn hash_file_async(path: PathBuf) -> Result<BlobHash> {
         .map_err(|e| Error::internal("file hashing task failed").with_source(e))?
 }
 
+/// One checkpoint file's part of a snapshot: reuse the parent's blob, or
+/// one the repository already holds, or upload the file.
+async fn write_step(
+    repo: crate::repo::Repository,
+    sk: crate::repo::StoreKey,
+    local: PathBuf,
+    name: String,
+    size: u64,
+    plan: Plan,
+) -> Result<(String, Done)> {
+    // A parent's blob is reused only if it is still there: gc may have
+    // swept it since (a retried snapshot re-uploads it from the checkpoint
+    // instead of failing its commit again).
+    let stored = |hash: BlobHash| {
+        let (repo, sk) = (&repo, &sk);
+        async move {
+            Ok::<_, Error>(
+                repo.head_blob(sk, &hash)
+                    .await?
+                    .is_some_and(|i| i.size == size),
+            )
+        }
+    };
+    let done = match plan {
+        Plan::Reuse(e) if stored(e.blake3).await? => Done::Reused(e),
+        Plan::Known(hash) if stored(hash).await? => Done::Stored(PutOutcome {
+            blob: BlobRef { hash, size },
+            uploaded: false,
+        }),
+        Plan::CompareLocal(p)
+            if hash_file_async(local.clone()).await? == p.blake3 && stored(p.blake3).await? =>
+        {
+            Done::Reused(FileEntry {
+                path: name.clone(),
+                size,
+                blake3: p.blake3,
+            })
+        }
+        _ => Done::Stored(repo.put_blob_file(&sk, &local).await?),
+    };
+    Ok((name, done))
+}
+
 /// What one file's write step produced.
 enum Done {
     /// Named by the parent manifest: reuse its entry.
@@ -867,41 +910,24 @@ impl StoreFormat for RocksFormat {
                 .collect()
         };
         let dir = cut.dir.clone();
+        // Each file's steps run as a task of their own, so they go on while
+        // this task waits (the changelog's flush blocks the thread polling
+        // it, and with every step polled here each read, hash and put
+        // waited for it), and large files hash on both cores. A full
+        // snapshot of 1 M keys: 0.45-0.65 s before, 0.32-0.38 s after.
         let step = |(name, size, plan): (String, u64, Plan)| {
-            let local = dir.join(&name);
+            // Aborted if this write is dropped (a cancelled snapshot).
+            let task = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(write_step(
+                repo.clone(),
+                sk.clone(),
+                dir.join(&name),
+                name,
+                size,
+                plan,
+            )));
             async move {
-                let upload = |local: PathBuf| async move {
-                    repo.put_blob_file(sk, &local).await.map(Done::Stored)
-                };
-                // A parent's blob is reused only if it is still there: gc
-                // may have swept it since (a retried snapshot re-uploads it
-                // from the checkpoint instead of failing its commit again).
-                let stored = |hash: BlobHash| async move {
-                    Ok::<_, Error>(
-                        repo.head_blob(sk, &hash)
-                            .await?
-                            .is_some_and(|i| i.size == size),
-                    )
-                };
-                let done = match plan {
-                    Plan::Reuse(e) if stored(e.blake3).await? => Done::Reused(e),
-                    Plan::Known(hash) if stored(hash).await? => Done::Stored(PutOutcome {
-                        blob: BlobRef { hash, size },
-                        uploaded: false,
-                    }),
-                    Plan::CompareLocal(p)
-                        if hash_file_async(local.clone()).await? == p.blake3
-                            && stored(p.blake3).await? =>
-                    {
-                        Done::Reused(FileEntry {
-                            path: name.clone(),
-                            size,
-                            blake3: p.blake3,
-                        })
-                    }
-                    _ => upload(local).await?,
-                };
-                Ok::<_, Error>((name, done))
+                task.await
+                    .map_err(|e| Error::internal("snapshot file task failed").with_source(e))?
             }
         };
         let mut results: Vec<(String, Done)> =
