@@ -362,6 +362,12 @@ struct TwoSnaps {
 }
 
 impl TwoSnaps {
+    /// Replays the log's tail into `store` and checks it equals the model.
+    fn assert_caught_up(&self, mut store: RocksStore) {
+        replay_tail(&mut store, &self.log);
+        assert_eq!(contents(&store), self.model);
+    }
+
     /// Restores snapshot `m` into `target` with the fixture's format.
     fn restore(
         &self,
@@ -370,6 +376,20 @@ impl TwoSnaps {
     ) -> statesnap::Result<(RocksStore, RestoreStats)> {
         self.rt
             .block_on(restore_snapshot(&self.format, m, &self.repo, target))
+    }
+
+    /// `restore_store` into `target` with `options`.
+    fn restore_with(&self, target: &Path, options: &RestoreOptions) -> (RocksStore, RestoreReport) {
+        self.rt
+            .block_on(restore_store(
+                &self.format,
+                &self.repo,
+                &sk(),
+                &self.log,
+                target,
+                options,
+            ))
+            .unwrap()
     }
 
     /// `restore_store` into `target`: the newest usable snapshot + the tail.
@@ -640,9 +660,7 @@ fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
         stats.files_reused_locally + stats.files_downloaded,
         s.new.files.len() as u64
     );
-    let mut store = store;
-    replay_tail(&mut store, &s.log);
-    assert_eq!(contents(&store), s.model);
+    s.assert_caught_up(store);
 }
 
 #[test]
@@ -852,19 +870,13 @@ fn restore_progress_counts_every_byte_read_and_every_record_replayed() {
     let progress = std::sync::Arc::new(statesnap::restore::RestoreProgress::default());
     assert_eq!(progress.replay(), None, "no replay before the restore");
     let target = s.dir.path().join("progress-target");
-    let (store, report) =
-        s.rt.block_on(restore_store(
-            &s.format,
-            &s.repo,
-            &sk(),
-            &s.log,
-            &target,
-            &RestoreOptions {
-                progress: Some(progress.clone()),
-                ..RestoreOptions::default()
-            },
-        ))
-        .unwrap();
+    let (store, report) = s.restore_with(
+        &target,
+        &RestoreOptions {
+            progress: Some(progress.clone()),
+            ..RestoreOptions::default()
+        },
+    );
     assert_eq!(report.snapshot, Some(s.old.snapshot_id));
     assert_eq!(contents(&store), s.model);
     let old_bytes: u64 = s.old.files.iter().map(|f| f.size).sum();
@@ -1130,19 +1142,13 @@ fn a_store_left_unsynced_by_a_machine_restart_is_refused_and_restored_again() {
         assert!(msg.contains(needle), "{needle:?} not in {msg}");
     }
 
-    let (store, report) =
-        s.rt.block_on(restore_store(
-            &s.format,
-            &s.repo,
-            &sk(),
-            &s.log,
-            &target,
-            &RestoreOptions {
-                local_first: true,
-                ..RestoreOptions::default()
-            },
-        ))
-        .unwrap();
+    let (store, report) = s.restore_with(
+        &target,
+        &RestoreOptions {
+            local_first: true,
+            ..RestoreOptions::default()
+        },
+    );
     assert!(
         report
             .plan
@@ -1175,9 +1181,7 @@ fn a_mark_of_this_boot_is_synced_by_the_next_open() {
     let store = RocksStore::open(&target, &opts()).unwrap();
     store.wait_durable().unwrap();
     assert_eq!(unsynced_marks(&target), Vec::<String>::new());
-    let mut store = store;
-    replay_tail(&mut store, &s.log);
-    assert_eq!(contents(&store), s.model);
+    s.assert_caught_up(store);
 }
 
 /// `RestoreSync::Immediate`: every file is fsynced before the store is
@@ -1197,7 +1201,5 @@ fn an_immediate_restore_leaves_no_mark() {
         s.rt.block_on(restore_snapshot(&s.format, &s.new, &repo, &target))
             .unwrap();
     assert_eq!(unsynced_marks(&target), Vec::<String>::new());
-    let mut store = store;
-    replay_tail(&mut store, &s.log);
-    assert_eq!(contents(&store), s.model);
+    s.assert_caught_up(store);
 }

@@ -724,35 +724,31 @@ impl BlobReader {
     /// its subtree hash, kept for the caller's merge).
     fn finish(&mut self) -> Result<()> {
         let key = &self.key;
-        {
-            {
-                self.done = true;
-                if self.seen != self.want() {
-                    return Err(Error::corrupt(format!(
-                        "blob is truncated key=`{key}` expected_size={} range={:?} got={}",
-                        self.expected.size, self.range, self.seen
-                    )));
-                }
-                if self.range != (0..self.expected.size) {
-                    use blake3::hazmat::HasherExt;
-                    self.range_hash = Some(self.hasher.finalize_non_root());
-                    return Ok(());
-                }
-                let actual = BlobHash::from(self.hasher.finalize());
-                if actual != self.expected.hash {
-                    return Err(Error::corrupt(format!(
-                        "blob hash mismatch key=`{key}` expected=`{}` actual=`{actual}`",
-                        self.expected.hash
-                    )));
-                }
-                Ok(())
-            }
+        self.done = true;
+        if self.seen != self.want() {
+            return Err(Error::corrupt(format!(
+                "blob is truncated key=`{key}` expected_size={} range={:?} got={}",
+                self.expected.size, self.range, self.seen
+            )));
         }
+        if self.range != (0..self.expected.size) {
+            use blake3::hazmat::HasherExt;
+            self.range_hash = Some(self.hasher.finalize_non_root());
+            return Ok(());
+        }
+        let actual = BlobHash::from(self.hasher.finalize());
+        if actual != self.expected.hash {
+            return Err(Error::corrupt(format!(
+                "blob hash mismatch key=`{key}` expected=`{}` actual=`{actual}`",
+                self.expected.hash
+            )));
+        }
+        Ok(())
     }
 
     /// Reads the rest of the blob (or range) into `out` from position
-    /// `pos`, verified as [`next_chunk`](Self::next_chunk) verifies it, and
-    /// returns `out`'s path for errors. From a local repository without a
+    /// `pos`, verified as [`next_chunk`](Self::next_chunk) verifies it
+    /// (`out_path` names `out` in errors). From a local repository without a
     /// bandwidth limit, one blocking task reads, hashes and writes through
     /// one small buffer that stays in the CPU's cache (handing chunks
     /// between threads cost more than the copy itself); otherwise chunks
