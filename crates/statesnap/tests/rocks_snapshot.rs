@@ -368,19 +368,25 @@ impl TwoSnaps {
         assert_eq!(contents(&store), self.model);
     }
 
-    /// Restores snapshot `m` into `target` with the fixture's format.
+    /// Restores snapshot `m` into `target` with the fixture's format, and
+    /// waits for the background sync, so the target's listing no longer
+    /// changes under the test (the sync removes its mark when it ends).
     fn restore(
         &self,
         m: &Manifest,
         target: &Path,
     ) -> statesnap::Result<(RocksStore, RestoreStats)> {
-        self.rt
-            .block_on(restore_snapshot(&self.format, m, &self.repo, target))
+        let (store, stats) =
+            self.rt
+                .block_on(restore_snapshot(&self.format, m, &self.repo, target))?;
+        store.wait_durable()?;
+        Ok((store, stats))
     }
 
     /// `restore_store` into `target` with `options`.
     fn restore_with(&self, target: &Path, options: &RestoreOptions) -> (RocksStore, RestoreReport) {
-        self.rt
+        let r = self
+            .rt
             .block_on(restore_store(
                 &self.format,
                 &self.repo,
@@ -389,20 +395,14 @@ impl TwoSnaps {
                 target,
                 options,
             ))
-            .unwrap()
+            .unwrap();
+        r.0.wait_durable().unwrap();
+        r
     }
 
     /// `restore_store` into `target`: the newest usable snapshot + the tail.
     fn restore_latest(&self, target: &Path) -> (RocksStore, RestoreReport) {
-        self.rt
-            .block_on(restore_latest(
-                &self.format,
-                &self.repo,
-                &sk(),
-                &self.log,
-                target,
-            ))
-            .unwrap()
+        self.restore_with(target, &RestoreOptions::default())
     }
 
     /// A marked store directory (restores may replace it, but only whole)
