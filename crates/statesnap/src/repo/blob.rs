@@ -916,10 +916,7 @@ fn local_stream(
     local: LocalFile,
     want: u64,
 ) -> futures::stream::BoxStream<'static, object_store::Result<Bytes>> {
-    futures::stream::try_unfold((Some(local), 0u64), move |(local, done)| async move {
-        let Some(local) = local else {
-            return Ok(None);
-        };
+    futures::stream::try_unfold((local, 0u64), move |(local, done)| async move {
         if done >= want {
             return Ok(None);
         }
@@ -946,7 +943,7 @@ fn local_stream(
             return Ok(None);
         }
         let got = buf.len() as u64;
-        Ok(Some((Bytes::from(buf), (Some(local), done + got))))
+        Ok(Some((Bytes::from(buf), (local, done + got))))
     })
     .boxed()
 }
