@@ -321,3 +321,37 @@ async fn gc_with_faults_never_deletes_a_referenced_blob() {
     );
     assert_eq!(check_invariants(&s.base, &s.clock, false).await, 1);
 }
+
+/// A file is stored with its own hash whichever way it goes: read whole
+/// below the multipart threshold, streamed at and above it (the threshold
+/// here is 64 KiB).
+#[tokio::test]
+async fn put_blob_file_stores_every_size_around_the_threshold() {
+    let base: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let repo = good(&base, &ManualClock::new(SystemClock.now_ms()));
+    let dir = tempfile::tempdir().unwrap();
+    let t = 64 << 10;
+    for (i, len) in [0, 1, t - 1, t, t + 1, 3 * t + 17].into_iter().enumerate() {
+        let data = bytes(len, i as u8);
+        let path = dir.path().join(format!("f{i}"));
+        std::fs::write(&path, &data).unwrap();
+        let out = repo.put_blob_file(&sk(), &path).await.unwrap();
+        assert_eq!(out.blob.size, len as u64, "len={len}");
+        assert_eq!(
+            out.blob.hash,
+            statesnap::repo::BlobHash::of(&data),
+            "len={len}"
+        );
+        assert!(out.uploaded, "len={len}");
+        let back = repo.get_blob_bytes(&sk(), &out.blob).await.unwrap();
+        assert_eq!(back, data, "len={len}");
+        // A second put of the same bytes finds the blob.
+        assert!(!repo.put_blob_file(&sk(), &path).await.unwrap().uploaded);
+    }
+    let missing = repo
+        .put_blob_file(&sk(), &dir.path().join("missing"))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+    assert!(missing.message().contains("missing`"), "{missing}");
+}
