@@ -7,8 +7,8 @@
 mod common;
 
 use bytes::Bytes;
-use object_store::ObjectStore;
 use object_store::memory::InMemory;
+use object_store::{ObjectStore, ObjectStoreExt};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -212,9 +212,11 @@ fn run_model(ops: Vec<Op>) {
                     Some(m.changelog.offset),
                     ls.store().applied_offset().unwrap()
                 );
+                // Inline files count as uploaded (they travel in the manifest).
                 assert_eq!(
                     m.stats.bytes_uploaded + m.stats.bytes_reused,
                     m.files.iter().map(|f| f.size).sum::<u64>()
+                        + m.inline_files.iter().map(|f| f.size).sum::<u64>()
                 );
                 snaps.push((m, committed.clone()));
             }
@@ -305,11 +307,13 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
         .filter(|f| !f.path.ends_with(".sst") && !parent_hashes.contains(&f.blake3))
         .map(|f| f.size)
         .sum();
+    let inline: u64 = child.inline_files.iter().map(|f| f.size).sum();
     assert!(new_sst > 0);
+    assert!(inline > 0, "CURRENT, OPTIONS and MANIFEST travel inline");
     assert!(child.stats.bytes_reused > 0, "{:?}", child.stats);
     assert_eq!(
         child.stats.bytes_uploaded,
-        new_sst + small_new,
+        new_sst + small_new + inline,
         "{:?}",
         child.stats
     );
@@ -338,7 +342,20 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
             .unwrap()
             .bytes_deleted;
     }
-    assert!(deleted > 0, "gc should delete the parent's unshared blobs");
+    // Exactly the parent's blobs the child does not name (its MANIFEST
+    // travelled inline, so that is the SSTs the child no longer has, if any).
+    let child_hashes: BTreeSet<_> = child.files.iter().map(|f| f.blake3).collect();
+    let unshared: BTreeSet<_> = parent
+        .files
+        .iter()
+        .filter(|f| !child_hashes.contains(&f.blake3))
+        .map(|f| (f.blake3, f.size))
+        .collect();
+    assert_eq!(
+        deleted,
+        unshared.iter().map(|(_, s)| s).sum::<u64>(),
+        "gc deletes the parent's unshared blobs and nothing else"
+    );
     let target = dir.path().join("restored");
     let (restored, _) = rt
         .block_on(restore_snapshot(&format, &child, &repo, &target))
@@ -446,6 +463,11 @@ fn two_snapshots() -> TwoSnaps {
             write_both(ls, &mut model, key(i), Some(value(seed, i)));
             if i.is_multiple_of(500) {
                 ls.commit().unwrap();
+            }
+            // Several SSTs per snapshot: the tests below pick victims among
+            // a snapshot's blobs, and its small files travel inline.
+            if i.is_multiple_of(1000) {
+                ls.store().flush().unwrap();
             }
         }
         ls.commit().unwrap();
@@ -650,9 +672,17 @@ fn interrupted_restore_leaves_target_untouched_and_next_restore_succeeds() {
         store.applied_offset().unwrap(),
         Some(s.new.changelog.offset)
     );
-    // Local-first: SSTs shared with the old snapshot came from the old target.
+    // Local-first: SSTs shared with the old snapshot (as a blob or inline)
+    // came from the old target.
+    let in_old = |f: &FileEntry| {
+        s.old.files.contains(f)
+            || s.old
+                .inline_files
+                .iter()
+                .any(|i| i.path == f.path && i.blake3 == f.blake3)
+    };
     let shared = ssts(&s.new)
-        .filter(|f| before.contains(&f.path) && s.old.files.contains(f))
+        .filter(|f| before.contains(&f.path) && in_old(f))
         .count();
     assert!(shared > 0);
     assert_eq!(stats.files_reused_locally as usize, shared, "{stats:?}");
@@ -1201,5 +1231,74 @@ fn an_immediate_restore_leaves_no_mark() {
         s.rt.block_on(restore_snapshot(&s.format, &s.new, &repo, &target))
             .unwrap();
     assert_eq!(unsynced_marks(&target), Vec::<String>::new());
+    s.assert_caught_up(store);
+}
+
+/// Small files ride in the manifest (`CURRENT`, `OPTIONS-*`, ...): no blob
+/// of their own, restored byte for byte from the manifest. A manifest whose
+/// inline bytes were altered and resealed (a bug or a hand edit) is refused
+/// naming the file, the target stays as it was, and `restore_store` falls
+/// back to the older snapshot.
+#[test]
+fn inline_files_restore_and_damaged_ones_are_refused() {
+    let s = two_snapshots();
+    for m in [&s.old, &s.new] {
+        let inline: BTreeSet<&str> = m.inline_files.iter().map(|f| f.path.as_str()).collect();
+        assert!(inline.contains("CURRENT"), "{inline:?}");
+        assert!(
+            inline.iter().any(|p| p.starts_with("OPTIONS-")),
+            "{inline:?}"
+        );
+        // The metadata column family's SST (the flushed offset) too; the
+        // data's SSTs are blobs.
+        assert!(inline.iter().any(|p| p.ends_with(".sst")), "{inline:?}");
+        assert!(m.files.iter().any(|f| f.path.ends_with(".sst")));
+        assert!(m.files.iter().all(|f| !inline.contains(f.path.as_str())));
+        assert!(m.required_features.iter().any(|f| f == "inline-files"));
+        // (A metadata SST may also be a blob: one a compaction removed
+        // from the live store before a capture could tell its column
+        // family travels as a blob that once.)
+        for f in m.inline_files.iter().filter(|f| !f.path.ends_with(".sst")) {
+            let stored = s.rt.block_on(s.repo.head_blob(&sk(), &f.blake3)).unwrap();
+            assert_eq!(stored, None, "no blob for inline file {}", f.path);
+        }
+    }
+    // (Opening the restored store rewrites CURRENT, MANIFEST and OPTIONS,
+    // so what shows the inline bytes were right is that it opens at the
+    // snapshot's offset and catches up to the model.)
+    let target = s.dir.path().join("plain");
+    let (store, _) = s.restore(&s.new, &target).unwrap();
+    s.assert_caught_up(store);
+
+    // CURRENT's bytes replaced in the stored manifest, checksum recomputed.
+    let mut v: serde_json::Value = serde_json::from_slice(&s.new.encode().unwrap()).unwrap();
+    let i = s
+        .new
+        .inline_files
+        .iter()
+        .position(|f| f.path == "CURRENT")
+        .unwrap();
+    let other = statesnap::repo::InlineFile::new("CURRENT", b"MANIFEST-999999\n").unwrap();
+    v["inline_files"][i]["zstd_base64"] = other.zstd_base64.into();
+    let body = Manifest::canonical_body(&v).unwrap();
+    v["checksum"] = blake3::hash(&body).to_hex().to_string().into();
+    let bytes = serde_json::to_vec(&v).unwrap();
+    let key = s.new.key();
+    let damaged = Manifest::decode(key.as_ref(), &bytes).unwrap();
+    s.rt.block_on(s.base.put(&key, bytes.into())).unwrap();
+
+    let target = s.precious_target();
+    let err = s.restore(&damaged, &target).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("`CURRENT`"), "{err}");
+    s.assert_untouched(&target, "after the refused restore");
+    let (store, report) = s.restore_latest(&target);
+    assert_eq!(report.snapshot, Some(s.old.snapshot_id));
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert!(
+        report.skipped[0].reason.contains("CURRENT"),
+        "{:?}",
+        report.skipped
+    );
     s.assert_caught_up(store);
 }

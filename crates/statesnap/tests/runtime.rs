@@ -141,6 +141,14 @@ impl Handle {
     async fn abandon(self) {
         each!(self, h => h.abandon().await)
     }
+
+    /// Compacts a RocksDB store's data fully: its files replace every
+    /// earlier one, so later snapshots share no SST with earlier ones.
+    fn compact(&self) {
+        if let Handle::Rocks(h) = self {
+            h.store().db().compact_range::<&[u8], &[u8]>(None, None);
+        }
+    }
 }
 
 fn sk() -> StoreKey {
@@ -887,14 +895,32 @@ async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
     let mut h = Handle::open(&m, Kind::Rocks, dir.path(), "s", None)
         .await
         .unwrap();
-    for _ in 0..5 {
+    for i in 0..5 {
         write_batch(&mut h, &mut model, &mut rng, 10, 40);
+        if i == 3 {
+            // The two snapshots retention keeps then share no SST with the
+            // three it drops: those have blobs of their own to sweep.
+            h.compact();
+        }
         assert!(h.snapshot_now());
         assert!(h.wait().await.last_error.is_none());
         clock.advance_ms(1_000);
     }
     let before = repo.list_snapshots(&sk()).await.unwrap().snapshots;
     assert_eq!(before.len(), 5);
+    let blobs = |snaps: &[statesnap::repo::SnapshotInfo]| -> std::collections::BTreeMap<_, u64> {
+        snaps
+            .iter()
+            .flat_map(|s| s.manifest.files.iter().map(|f| (f.blake3, f.size)))
+            .collect()
+    };
+    let kept_blobs = blobs(&before[3..]);
+    let only_dropped: u64 = blobs(&before[..3])
+        .iter()
+        .filter(|(h, _)| !kept_blobs.contains_key(h))
+        .map(|(_, s)| s)
+        .sum();
+    assert!(only_dropped > 0);
     let first = m.maintain_now(&maintenance).await.unwrap();
     assert_eq!(first.len(), 1);
     let dropped: Vec<_> = first[0].dropped.iter().map(|(id, _)| *id).collect();
@@ -914,7 +940,10 @@ async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
         assert!(r[0].dropped.is_empty());
         swept += r[0].gc.bytes_deleted;
     }
-    assert!(swept > 0);
+    assert_eq!(
+        swept, only_dropped,
+        "exactly the blobs only the dropped ones named"
+    );
     // The kept snapshots are whole: a fresh directory restores the newest.
     h.abandon().await;
     let fresh = Handle::open(&m, Kind::Rocks, dir.path(), "fresh", None)

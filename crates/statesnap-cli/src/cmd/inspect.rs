@@ -124,8 +124,8 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
                     "offset": m.changelog.offset,
                     "created_at_ms": m.created_at,
                     "format": format!("{}/{}", m.store_format.name, m.store_format.version),
-                    "files": m.files.len(),
-                    "bytes": m.files.iter().map(|f| f.size).sum::<u64>(),
+                    "files": m.files.len() + m.inline_files.len(),
+                    "bytes": manifest_bytes(m),
                     "new_bytes": m.stats.bytes_uploaded,
                     "keys": m.stats.keys,
                     "parent": m.parent.map(|p| p.to_string()),
@@ -162,8 +162,8 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
             m.changelog.offset.to_string(),
             out::age(m.created_at, now),
             format!("{}/{}", m.store_format.name, m.store_format.version),
-            m.files.len().to_string(),
-            out::bytes(m.files.iter().map(|f| f.size).sum()),
+            (m.files.len() + m.inline_files.len()).to_string(),
+            out::bytes(manifest_bytes(m)),
             out::bytes(m.stats.bytes_uploaded),
             m.parent.map_or("-".into(), |p| p.to_string()),
             usable,
@@ -233,6 +233,14 @@ pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {
     let mut t = out.table(&["file", "size", "blake3"]);
     for f in &m.files {
         t.add_row(vec![f.path.clone(), out::bytes(f.size), f.blake3.to_hex()]);
+    }
+    // Carried in the manifest itself (no blob of their own).
+    for f in &m.inline_files {
+        t.add_row(vec![
+            format!("{} (inline)", f.path),
+            out::bytes(f.size),
+            f.blake3.to_hex(),
+        ]);
     }
     println!("{t}");
     Ok(ExitCode::SUCCESS)
@@ -330,4 +338,10 @@ async fn seed(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes of a snapshot's files, blobs and inline ones.
+fn manifest_bytes(m: &statesnap::repo::Manifest) -> u64 {
+    let blobs: u64 = m.files.iter().map(|f| f.size).sum();
+    blobs + m.inline_files.iter().map(|f| f.size).sum::<u64>()
 }

@@ -29,13 +29,23 @@
 //! every write and seeded by every restore (the restored files are exactly the
 //! manifest's bytes). Per file:
 //!
+//! * a mutable file (`CURRENT`, `OPTIONS-*`, `MANIFEST-*`, the WAL) or an
+//!   SST of the metadata column family, of at most [`MAX_INLINE_FILE`]
+//!   bytes, the smallest first while they fit in [`MAX_INLINE_TOTAL`] →
+//!   carried in the manifest ([`InlineFile`](crate::repo::InlineFile)).
+//!   `MANIFEST-*` and a metadata SST (the flushed applied offset) are new
+//!   with every snapshot, and as blobs each cost an upload and a durable
+//!   write of its own (an fsync in a local repository, a PUT in an object
+//!   store) before the manifest's; inline they ride on the manifest's. The
+//!   data's SSTs, even small ones, stay blobs: later snapshots reuse them by
+//!   reference;
 //! * SST with a cached hash that the parent manifest also names → reused
 //!   without any I/O;
 //! * SST with a cached hash the repository already holds (`head`) → reused;
 //! * SST with the same name and size as a parent file but no cached hash (a
 //!   reopened store) → hashed locally, reused if the hash matches;
-//! * anything else, and every small mutable file (`MANIFEST-*`, `CURRENT`,
-//!   `OPTIONS-*`, WAL) → uploaded, hashed while streaming.
+//! * anything else (new SSTs, a `MANIFEST-*` or WAL grown past the limit)
+//!   → uploaded, hashed while read.
 //!
 //! Uploads run concurrently, bounded by the repository's
 //! [`TransferOptions::parallelism`](crate::repo::TransferOptions).
@@ -122,8 +132,8 @@ use super::{
 use crate::changelog::ChangelogBinding;
 use crate::error::{Error, Result};
 use crate::repo::{
-    BlobHash, BlobRef, FileEntry, Manifest, PutOutcome, SnapshotStats, SnapshotWriter,
-    StoreFormatId,
+    BlobHash, BlobRef, FileEntry, MAX_INLINE_FILE, MAX_INLINE_TOTAL, Manifest, PutOutcome,
+    SnapshotStats, SnapshotWriter, StoreFormatId,
 };
 use crate::store::rocks::{
     META_CF, RocksOptions, RocksStore, read_applied_offset, read_binding, rocks_error,
@@ -257,6 +267,9 @@ pub struct RocksCut {
     /// [`RocksCut::space_amplification`]).
     data_bytes: u64,
     bottom_bytes: u64,
+    /// SST files of the metadata column family (the applied offset and the
+    /// binding): a new one with every snapshot, a few KiB each.
+    meta_files: std::collections::HashSet<String>,
     /// Set once the write step compacted the checkpoint: its files are no
     /// longer the live store's.
     compacted: Option<Compacted>,
@@ -352,6 +365,48 @@ fn is_immutable(name: &str) -> bool {
     name.ends_with(".sst") || name.ends_with(".blob")
 }
 
+/// File names of the metadata column family's SSTs among `live`.
+fn meta_names(live: &[rocksdb::LiveFile]) -> impl Iterator<Item = String> + '_ {
+    live.iter()
+        .filter(|f| f.column_family_name == META_CF)
+        .filter_map(|f| Path::new(&f.name).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+}
+
+/// The metadata column family's SST file names in `store` now.
+fn meta_file_names(store: &RocksStore) -> Result<std::collections::HashSet<String>> {
+    let live = store
+        .db()
+        .live_files()
+        .map_err(|e| rocks_error("list live files", store.path(), e))?;
+    Ok(meta_names(&live).collect())
+}
+
+/// Which of a checkpoint's files (name and size) its manifest carries
+/// inline: the mutable ones and the metadata column family's SSTs (`meta`;
+/// the data's SSTs stay blobs, which later snapshots reuse by reference),
+/// the smallest first, each at most [`MAX_INLINE_FILE`], while they fit in
+/// [`MAX_INLINE_TOTAL`].
+fn inline_choice(files: &[(String, u64)], meta: &std::collections::HashSet<String>) -> Vec<bool> {
+    let mut by_size: Vec<usize> = (0..files.len())
+        .filter(|&i| {
+            let (name, size) = &files[i];
+            (!is_immutable(name) || meta.contains(name)) && *size <= MAX_INLINE_FILE
+        })
+        .collect();
+    by_size.sort_by_key(|&i| files[i].1);
+    let mut chosen = vec![false; files.len()];
+    let mut room = MAX_INLINE_TOTAL;
+    for i in by_size {
+        let Some(left) = room.checked_sub(files[i].1) else {
+            break;
+        };
+        room = left;
+        chosen[i] = true;
+    }
+    chosen
+}
+
 /// Files of a checkpoint that belong in a snapshot (not the info log or lock).
 fn snapshot_file(name: &str) -> bool {
     !(name == "LOCK" || name.starts_with("LOG"))
@@ -395,6 +450,10 @@ async fn write_step(
         }
     };
     let done = match plan {
+        Plan::Inline => Done::Inline(
+            blocking(move || std::fs::read(&local).map_err(|e| io_err("read file", &local, e)))
+                .await?,
+        ),
         Plan::Reuse(e) if stored(e.blake3).await? => Done::Reused(e),
         Plan::Known(hash) if stored(hash).await? => Done::Stored(PutOutcome {
             blob: BlobRef { hash, size },
@@ -420,6 +479,8 @@ enum Done {
     Reused(FileEntry),
     /// Stored (uploaded, or found already present).
     Stored(PutOutcome),
+    /// Read, to be carried in the manifest.
+    Inline(Vec<u8>),
 }
 
 enum Plan {
@@ -431,6 +492,8 @@ enum Plan {
     CompareLocal(FileEntry),
     /// Upload (hashing while streaming).
     Upload,
+    /// Carry in the manifest (small files; module docs, "Incremental write").
+    Inline,
 }
 
 impl RocksFormat {
@@ -652,10 +715,7 @@ fn list_checkpoint(dir: &Path) -> Result<Vec<(String, u64)>> {
 /// overlap none already taken — plus every other file whose key range meets
 /// none of the reference's (its keys cannot be newer versions of the
 /// reference's: a store growing in key order).
-fn level_bytes(db: &DB, dir: &Path) -> Result<(u64, u64)> {
-    let files = db
-        .live_files()
-        .map_err(|e| rocks_error("list live files", dir, e))?;
+fn level_bytes(files: &[rocksdb::LiveFile]) -> (u64, u64) {
     let mut data: Vec<&rocksdb::LiveFile> = files
         .iter()
         .filter(|f| f.column_family_name == rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
@@ -693,14 +753,14 @@ fn level_bytes(db: &DB, dir: &Path) -> Result<(u64, u64)> {
                 reference.insert(at, r);
             }
         }
-        return Ok((total, single));
+        return (total, single);
     }
     single += data
         .iter()
         .filter(|f| f.level != bottom && !meets(&reference, f))
         .map(|f| f.size as u64)
         .sum::<u64>();
-    Ok((total, single))
+    (total, single)
 }
 
 /// Offset, binding and statistics of an open database.
@@ -763,6 +823,25 @@ async fn reuse_local(
     Ok((f, dest, ok))
 }
 
+/// Writes a manifest's inline files (checked against their hashes) under
+/// `dir`, fsyncing each if `sync`.
+fn write_inline(files: &[crate::repo::InlineFile], dir: &Path, sync: bool) -> Result<()> {
+    for f in files {
+        let bytes = f.bytes()?;
+        let dest = Manifest::file_path_within(dir, &f.path)?;
+        if let Some(p) = dest.parent() {
+            std::fs::create_dir_all(p).map_err(|e| io_err("create directory", p, e))?;
+        }
+        let mut file = std::fs::File::create(&dest).map_err(|e| io_err("create file", &dest, e))?;
+        std::io::Write::write_all(&mut file, &bytes).map_err(|e| io_err("write file", &dest, e))?;
+        if sync {
+            file.sync_all()
+                .map_err(|e| io_err("fsync file", &dest, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Downloads one verified file, naming it in any error.
 async fn download_one(
     repo: &crate::repo::Repository,
@@ -818,8 +897,15 @@ impl StoreFormat for RocksFormat {
             incarnation: store.incarnation(),
             data_bytes: 0,
             bottom_bytes: 0,
+            meta_files: std::collections::HashSet::new(),
             compacted: None,
         };
+        // The metadata column family's files, listed before the checkpoint
+        // and after it: its flush can start a compaction that removes the
+        // older ones from the live store while the checkpoint still holds
+        // them, and the newest appears only after. (Which files these are
+        // only decides what travels inline.)
+        let mut meta_files = meta_file_names(store)?;
         let cp = rocksdb::checkpoint::Checkpoint::new(store.db())
             .map_err(|e| rocks_error("checkpoint", store.path(), e))?;
         // log_size_for_flush = 0: flush memtables (atomically, both column
@@ -830,7 +916,13 @@ impl StoreFormat for RocksFormat {
         // so the checkpoint holds exactly what these describe (module docs).
         // After it, so the statistics count the memtables it flushed.
         let info = read_info(store.db(), store.path())?;
-        (cut.data_bytes, cut.bottom_bytes) = level_bytes(store.db(), store.path())?;
+        let live = store
+            .db()
+            .live_files()
+            .map_err(|e| rocks_error("list live files", store.path(), e))?;
+        (cut.data_bytes, cut.bottom_bytes) = level_bytes(&live);
+        meta_files.extend(meta_names(&live));
+        cut.meta_files = meta_files;
         cut.files = list_checkpoint(&cut.dir)?;
         cut.offset = info.offset;
         cut.binding = info.binding;
@@ -879,14 +971,18 @@ impl StoreFormat for RocksFormat {
             parent_by_hash.insert(f.blake3, f);
             parent_by_name.insert(f.path.as_str(), f);
         }
+        let inline = inline_choice(&cut.files, &cut.meta_files);
         let plans: Vec<(String, u64, Plan)> = {
             let mut cache = self.lock_cache();
             cut.files
                 .iter()
-                .map(|(name, size)| {
+                .enumerate()
+                .map(|(i, (name, size))| {
                     // A compacted checkpoint's files are new: their names may
                     // repeat the live store's with other bytes.
-                    let plan = if !is_immutable(name) || cut.compacted.is_some() {
+                    let plan = if inline[i] {
+                        Plan::Inline
+                    } else if !is_immutable(name) || cut.compacted.is_some() {
                         Plan::Upload
                     } else if let Some(h) = cache.get(cut.incarnation, name, *size) {
                         match parent_by_hash.get(&h) {
@@ -937,16 +1033,20 @@ impl StoreFormat for RocksFormat {
         let mut hashes = Vec::with_capacity(results.len());
         let mut sst_files = 0u64;
         for (name, done) in results {
+            if is_immutable(&name) {
+                sst_files += 1;
+            }
             let entry = match done {
                 Done::Reused(e) => {
                     writer.reuse(e.clone())?;
                     e
                 }
                 Done::Stored(out) => writer.add_uploaded(&name, out)?,
+                Done::Inline(bytes) => {
+                    writer.put_inline(&name, &bytes).await?;
+                    continue;
+                }
             };
-            if is_immutable(&name) {
-                sst_files += 1;
-            }
             hashes.push(entry);
         }
         if cut.compacted.is_none() {
@@ -1063,6 +1163,10 @@ impl StoreFormat for RocksFormat {
             download_one(repo, sk, id, f, dest, sync_each)
         })
         .await?;
+        if !manifest.inline_files.is_empty() {
+            let (inline, s) = (manifest.inline_files.clone(), staging.clone());
+            blocking(move || write_inline(&inline, &s, sync_each)).await?;
+        }
         crate::store::mark_store_dir(&staging)?;
         if let Some(boot) = boot {
             unsynced::mark(&staging, boot)?;

@@ -69,6 +69,9 @@ impl Repository {
         for f in &m.files {
             writer.reuse(f.clone())?;
         }
+        for f in &m.inline_files {
+            writer.put_inline(&f.path, &f.bytes()?).await?;
+        }
         let draft = ManifestDraft {
             store_key: to.clone(),
             changelog: m.changelog.clone(),
@@ -86,6 +89,7 @@ impl Repository {
                 ManifestExtras {
                     logical_digest: m.logical_digest,
                     measured: m.measured,
+                    inline_files: Vec::new(),
                 },
             )
             .await?;

@@ -8,7 +8,10 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::{PutMode, PutOptions, PutPayload};
 use std::collections::BTreeMap;
 
-use super::manifest::{FileEntry, Manifest, ManifestDraft, ManifestExtras, validate_file_path};
+use super::manifest::{
+    FileEntry, InlineFile, MAX_INLINE_TOTAL, Manifest, ManifestDraft, ManifestExtras,
+    validate_file_path,
+};
 use super::paths::{BlobHash, SnapshotId, StoreKey};
 use super::{Repository, gc, map_store_error};
 use crate::error::{Error, ErrorKind, Result};
@@ -136,6 +139,8 @@ pub struct SnapshotWriter {
     repo: Repository,
     store_key: StoreKey,
     files: Vec<FileEntry>,
+    inline: Vec<InlineFile>,
+    inline_bytes: u64,
     paths: BTreeMap<String, ()>,
     bytes_uploaded: u64,
     bytes_reused: u64,
@@ -148,6 +153,8 @@ impl SnapshotWriter {
             repo: repo.clone(),
             store_key,
             files: Vec::new(),
+            inline: Vec::new(),
+            inline_bytes: 0,
             paths: BTreeMap::new(),
             bytes_uploaded: 0,
             bytes_reused: 0,
@@ -202,6 +209,37 @@ impl SnapshotWriter {
         e
     }
 
+    /// Carries `bytes` as snapshot file `path` inside the manifest (an
+    /// [`InlineFile`]): nothing is uploaded until the commit, which writes
+    /// it with the manifest. At most [`MAX_INLINE_FILE`](super::MAX_INLINE_FILE)
+    /// bytes per file and [`MAX_INLINE_TOTAL`] per snapshot (config error
+    /// beyond: upload such files with [`SnapshotWriter::put_bytes`]); see
+    /// [`SnapshotWriter::inline_room`]. Counted as uploaded, and drawn from
+    /// the repository's bandwidth limit like any upload.
+    pub async fn put_inline(&mut self, path: &str, bytes: &[u8]) -> Result<()> {
+        let size = bytes.len() as u64;
+        if size > self.inline_room() {
+            return Err(Error::config(format!(
+                "too many bytes to carry in one manifest path=`{}` size={size} \
+                 already_inline={} max_total={MAX_INLINE_TOTAL}",
+                path.escape_debug(),
+                self.inline_bytes
+            )));
+        }
+        let file = InlineFile::new(path, bytes)?;
+        self.claim(path)?;
+        self.repo.throttle(size).await;
+        self.inline_bytes += size;
+        self.bytes_uploaded += size;
+        self.inline.push(file);
+        Ok(())
+    }
+
+    /// Inline bytes this snapshot may still carry.
+    pub fn inline_room(&self) -> u64 {
+        MAX_INLINE_TOTAL.saturating_sub(self.inline_bytes)
+    }
+
     /// Reuses a file of an earlier snapshot without uploading it; commit
     /// re-checks that the blob still exists.
     pub fn reuse(&mut self, entry: FileEntry) -> Result<()> {
@@ -230,7 +268,7 @@ impl SnapshotWriter {
     pub(crate) async fn commit_with(
         self,
         mut draft: ManifestDraft,
-        extras: ManifestExtras,
+        mut extras: ManifestExtras,
     ) -> Result<Manifest> {
         if draft.store_key != self.store_key {
             return Err(Error::config(format!(
@@ -239,6 +277,7 @@ impl SnapshotWriter {
             )));
         }
         draft.files = self.files;
+        extras.inline_files = self.inline;
         draft.stats.bytes_uploaded = self.bytes_uploaded;
         draft.stats.bytes_reused = self.bytes_reused;
         self.repo.commit_with(draft, extras).await

@@ -20,9 +20,19 @@ use crate::error::{Error, Result};
 /// The manifest format version this build writes and reads.
 pub const MANIFEST_FORMAT_VERSION: u64 = 1;
 
+/// The feature a manifest carrying [`InlineFile`]s requires: a reader that
+/// does not know it would restore the snapshot without those files.
+pub const FEATURE_INLINE_FILES: &str = "inline-files";
+
 /// Features this build understands; a manifest listing any other entry in
 /// `required_features` is refused.
-pub const SUPPORTED_FEATURES: &[&str] = &[];
+pub const SUPPORTED_FEATURES: &[&str] = &[FEATURE_INLINE_FILES];
+
+/// Largest file a manifest may carry inline, in bytes.
+pub const MAX_INLINE_FILE: u64 = 64 << 10;
+
+/// Most bytes (before compression) a manifest may carry inline in all.
+pub const MAX_INLINE_TOTAL: u64 = 256 << 10;
 
 /// Longest file path inside a snapshot, in bytes.
 pub const MAX_FILE_PATH_LEN: usize = 1024;
@@ -94,6 +104,79 @@ pub struct FileEntry {
     pub blake3: BlobHash,
 }
 
+/// A small file carried in the manifest itself rather than as a blob: no
+/// upload of its own, no durable write of its own, no `head` at commit, no
+/// download at restore. Writers use it for files that change with every
+/// snapshot and are too small for a blob's fixed costs to be worth paying
+/// (a RocksDB store's `CURRENT`, `MANIFEST-*` and `OPTIONS-*`).
+///
+/// The bytes are stored zstd-compressed and base64-encoded; [`InlineFile::bytes`]
+/// decodes them and checks them against `size` and `blake3`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InlineFile {
+    /// Relative path inside the restore directory (validated, `/`-separated).
+    pub path: String,
+    /// Size in bytes, at most [`MAX_INLINE_FILE`].
+    pub size: u64,
+    /// blake3 of the bytes.
+    pub blake3: BlobHash,
+    /// The bytes: zstd, then base64 (standard alphabet, padded).
+    pub zstd_base64: String,
+}
+
+impl InlineFile {
+    /// An inline file holding `bytes` (at most [`MAX_INLINE_FILE`]).
+    pub fn new(path: &str, bytes: &[u8]) -> Result<InlineFile> {
+        use base64::Engine as _;
+        validate_file_path(path)?;
+        if bytes.len() as u64 > MAX_INLINE_FILE {
+            return Err(Error::config(format!(
+                "file too large to carry in a manifest path=`{}` size={} max={MAX_INLINE_FILE}",
+                path.escape_debug(),
+                bytes.len()
+            )));
+        }
+        let packed = zstd::bulk::compress(bytes, 3)
+            .map_err(|e| Error::internal("cannot compress inline file").with_source(e))?;
+        Ok(InlineFile {
+            path: path.to_owned(),
+            size: bytes.len() as u64,
+            blake3: BlobHash::of(bytes),
+            zstd_base64: base64::engine::general_purpose::STANDARD.encode(packed),
+        })
+    }
+
+    /// The file's bytes, checked against its size and hash (corrupt
+    /// otherwise). Decompression never allocates more than `size` bytes.
+    pub fn bytes(&self) -> Result<Vec<u8>> {
+        use base64::Engine as _;
+        let bad = |what: &str| {
+            Error::corrupt(format!(
+                "inline file in manifest is damaged ({what}) path=`{}` size={}",
+                self.path.escape_debug(),
+                self.size
+            ))
+        };
+        if self.size > MAX_INLINE_FILE {
+            return Err(bad("larger than an inline file may be"));
+        }
+        let packed = base64::engine::general_purpose::STANDARD
+            .decode(&self.zstd_base64)
+            .map_err(|e| bad("not base64").with_source(e))?;
+        // One byte of room beyond the size, so a longer payload is seen
+        // as such rather than cut short.
+        let bytes = zstd::bulk::decompress(&packed, self.size as usize + 1)
+            .map_err(|e| bad("not zstd, or longer than its size").with_source(e))?;
+        if bytes.len() as u64 != self.size {
+            return Err(bad(&format!("decodes to {} bytes", bytes.len())));
+        }
+        if BlobHash::of(&bytes) != self.blake3 {
+            return Err(bad("blake3 mismatch"));
+        }
+        Ok(bytes)
+    }
+}
+
 /// Counters for humans and planners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SnapshotStats {
@@ -152,6 +235,10 @@ pub struct Manifest {
     pub depends_on: Vec<SnapshotId>,
     /// Files.
     pub files: Vec<FileEntry>,
+    /// Small files carried in the manifest instead of as blobs (requires
+    /// [`FEATURE_INLINE_FILES`]). Absent when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inline_files: Vec<InlineFile>,
     /// Counters.
     pub stats: SnapshotStats,
     /// Free-form per store format.
@@ -185,10 +272,11 @@ pub struct MeasuredRates {
 }
 
 /// Fields a writer adds to a manifest besides its draft.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ManifestExtras {
     pub(crate) logical_digest: Option<LogicalDigest>,
     pub(crate) measured: Option<MeasuredRates>,
+    pub(crate) inline_files: Vec<InlineFile>,
 }
 
 impl Manifest {
@@ -207,6 +295,12 @@ impl Manifest {
         snapshot_id: SnapshotId,
         created_at: i64,
     ) -> Result<Self> {
+        let mut required_features = draft.required_features;
+        if !extras.inline_files.is_empty()
+            && !required_features.iter().any(|f| f == FEATURE_INLINE_FILES)
+        {
+            required_features.push(FEATURE_INLINE_FILES.to_owned());
+        }
         let mut m = Manifest {
             format_version: MANIFEST_FORMAT_VERSION,
             snapshot_id,
@@ -217,9 +311,10 @@ impl Manifest {
             parent: draft.parent,
             depends_on: draft.depends_on,
             files: draft.files,
+            inline_files: extras.inline_files,
             stats: draft.stats,
             format_metadata: draft.format_metadata,
-            required_features: draft.required_features,
+            required_features,
             logical_digest: extras.logical_digest,
             measured: extras.measured,
             checksum: String::new(),
@@ -342,15 +437,50 @@ impl Manifest {
         Ok(m)
     }
 
-    /// Semantic checks: every file path is safe, no duplicates.
+    /// Semantic checks: every file path is safe, no duplicates (blob and
+    /// inline files together); inline files within their limits and
+    /// declared in `required_features`.
     pub fn validate(&self) -> Result<()> {
         let mut seen = BTreeSet::new();
-        for f in &self.files {
-            validate_file_path(&f.path)?;
-            if !seen.insert(f.path.as_str()) {
+        let paths = self
+            .files
+            .iter()
+            .map(|f| &f.path)
+            .chain(self.inline_files.iter().map(|f| &f.path));
+        for path in paths {
+            validate_file_path(path)?;
+            if !seen.insert(path.as_str()) {
                 return Err(Error::config(format!(
                     "duplicate file path in manifest path=`{}`",
-                    f.path.escape_debug()
+                    path.escape_debug()
+                )));
+            }
+        }
+        if !self.inline_files.is_empty() {
+            if !self
+                .required_features
+                .iter()
+                .any(|f| f == FEATURE_INLINE_FILES)
+            {
+                return Err(Error::config(format!(
+                    "manifest carries inline files but does not require feature \
+                     `{FEATURE_INLINE_FILES}` (older readers would miss them)"
+                )));
+            }
+            let mut total = 0u64;
+            for f in &self.inline_files {
+                if f.size > MAX_INLINE_FILE {
+                    return Err(Error::config(format!(
+                        "inline file too large path=`{}` size={} max={MAX_INLINE_FILE}",
+                        f.path.escape_debug(),
+                        f.size
+                    )));
+                }
+                total += f.size;
+            }
+            if total > MAX_INLINE_TOTAL {
+                return Err(Error::config(format!(
+                    "manifest carries too many inline bytes total={total} max={MAX_INLINE_TOTAL}"
                 )));
             }
         }
@@ -592,6 +722,133 @@ pub(crate) mod tests {
         ] {
             let e = Manifest::file_path_within(dir, bad).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Config, "{bad}");
+        }
+    }
+
+    fn with_inline(files: Vec<InlineFile>) -> Manifest {
+        let sk = StoreKey::new("app", "s", 3).unwrap();
+        let extras = ManifestExtras {
+            inline_files: files,
+            ..ManifestExtras::default()
+        };
+        Manifest::from_draft_with(
+            draft(&sk, 42, sample().files),
+            extras,
+            SnapshotId::from_parts(1000, 7),
+            1000,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn inline_files_round_trip_and_require_their_feature() {
+        let text = b"MANIFEST-000005\n".repeat(40);
+        let m = with_inline(vec![
+            InlineFile::new("CURRENT", &text).unwrap(),
+            InlineFile::new("empty.log", b"").unwrap(),
+        ]);
+        assert_eq!(m.required_features, vec![FEATURE_INLINE_FILES.to_owned()]);
+        // Compressed: the repeated text takes far less than its size.
+        assert!(m.inline_files[0].zstd_base64.len() < text.len() / 4);
+        let key = m.key().to_string();
+        let back = Manifest::decode(&key, &m.encode().unwrap()).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.inline_files[0].bytes().unwrap(), text);
+        assert_eq!(back.inline_files[1].bytes().unwrap(), b"");
+        // A manifest without inline files does not mention them at all.
+        let plain = sample().encode().unwrap();
+        assert!(!String::from_utf8(plain).unwrap().contains("inline"));
+
+        // A reader that does not know the feature refuses the manifest.
+        let mut v: serde_json::Value = serde_json::from_slice(&m.encode().unwrap()).unwrap();
+        v["required_features"] = serde_json::json!([]);
+        reseal(&mut v);
+        let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert!(e.message().contains("inline-files"), "{e}");
+    }
+
+    #[test]
+    fn inline_files_obey_paths_and_limits() {
+        // A path both a blob and inline.
+        let sk = StoreKey::new("app", "s", 3).unwrap();
+        let extras = ManifestExtras {
+            inline_files: vec![InlineFile::new("a/b.sst", b"abc").unwrap()],
+            ..ManifestExtras::default()
+        };
+        let e = Manifest::from_draft_with(
+            draft(&sk, 42, sample().files),
+            extras,
+            SnapshotId::from_parts(1000, 7),
+            1000,
+        )
+        .unwrap_err();
+        assert!(e.message().contains("duplicate file path"), "{e}");
+        // Unsafe paths and oversized files are refused when built.
+        assert!(InlineFile::new("../x", b"a").is_err());
+        let big = vec![7u8; MAX_INLINE_FILE as usize + 1];
+        assert_eq!(
+            InlineFile::new("big", &big).unwrap_err().kind(),
+            ErrorKind::Config
+        );
+        // And in a decoded manifest, whatever its writer claimed.
+        let m = with_inline(vec![InlineFile::new("CURRENT", b"x").unwrap()]);
+        let key = m.key().to_string();
+        let good: serde_json::Value = serde_json::from_slice(&m.encode().unwrap()).unwrap();
+        let mut v = good.clone();
+        v["inline_files"][0]["size"] = (MAX_INLINE_FILE + 1).into();
+        reseal(&mut v);
+        let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert!(e.message().contains("inline file too large"), "{e}");
+        let one = InlineFile::new("f0", &vec![1u8; MAX_INLINE_FILE as usize]).unwrap();
+        let mut many = good;
+        many["inline_files"] = serde_json::Value::Array(
+            (0..5)
+                .map(|i| {
+                    let mut f = serde_json::to_value(&one).unwrap();
+                    f["path"] = format!("f{i}").into();
+                    f
+                })
+                .collect(),
+        );
+        reseal(&mut many);
+        let e = Manifest::decode(&key, &serde_json::to_vec(&many).unwrap()).unwrap_err();
+        assert!(e.message().contains("too many inline bytes"), "{e}");
+    }
+
+    /// Damaged inline bytes (a manifest rewritten with a fresh checksum)
+    /// are refused when read, and never decompressed beyond their size.
+    #[test]
+    fn damaged_inline_bytes_are_corrupt() {
+        use base64::Engine as _;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let good = InlineFile::new("CURRENT", b"MANIFEST-000005\n").unwrap();
+        let cases = [
+            ("not base64", "%%%".to_owned(), good.size),
+            ("not zstd", b64(b"plain bytes"), good.size),
+            (
+                "longer than its size",
+                b64(&zstd::bulk::compress(&[0u8; 1 << 20], 3).unwrap()),
+                good.size,
+            ),
+            ("decodes to", good.zstd_base64.clone(), good.size - 1),
+            (
+                "blake3 mismatch",
+                b64(&zstd::bulk::compress(b"MANIFEST-000006\n", 3).unwrap()),
+                good.size,
+            ),
+        ];
+        for (what, data, size) in cases {
+            let f = InlineFile {
+                zstd_base64: data,
+                size,
+                ..good.clone()
+            };
+            let e = f.bytes().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corrupt, "{what}: {e}");
+            assert!(e.message().contains(what), "{what}: {e}");
+            assert!(e.message().contains("CURRENT"), "{what}: {e}");
         }
     }
 }

@@ -51,8 +51,8 @@ pub use gc::{GcOptions, GcReport};
 pub use limit::BandwidthLimit;
 pub(crate) use manifest::ManifestExtras;
 pub use manifest::{
-    ChangelogPosition, FileEntry, Manifest, ManifestDraft, MeasuredRates, SnapshotStats,
-    StoreFormatId,
+    ChangelogPosition, FEATURE_INLINE_FILES, FileEntry, InlineFile, MAX_INLINE_FILE,
+    MAX_INLINE_TOTAL, Manifest, ManifestDraft, MeasuredRates, SnapshotStats, StoreFormatId,
 };
 pub use paths::{BlobHash, Entropy, SeededEntropy, SharedEntropy, SnapshotId, StoreKey};
 pub use retention::{RetentionPlan, RetentionPolicy};

@@ -183,6 +183,7 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
             ManifestExtras {
                 logical_digest,
                 measured,
+                ..ManifestExtras::default()
             },
         )
         .await

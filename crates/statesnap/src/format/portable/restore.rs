@@ -43,6 +43,15 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         ctx: RestoreContext<'_>,
     ) -> Result<(S, RestoreStats)> {
         let meta = PortableMetadata::of(manifest)?;
+        if let Some(f) = manifest.inline_files.first() {
+            // This format writes none: such a snapshot is not one of its own.
+            return Err(Error::corrupt(format!(
+                "portable snapshot carries an inline file, which the portable format never \
+                 writes snapshot=`{}` path=`{}`",
+                manifest.snapshot_id,
+                f.path.escape_debug()
+            )));
+        }
         staging::check_replaceable(ctx.target)?;
         let by_path: BTreeMap<&str, &FileEntry> = manifest
             .files
