@@ -31,9 +31,9 @@ pub struct BackupComparison {
     /// Bytes the full snapshot uploaded vs the backup directory's size.
     pub full_bytes: Pair,
     /// After rewriting 1 % of the keys: incremental snapshot vs the next
-    /// backup, seconds. Two rounds, each side going first once (the first
-    /// flushes the memtable holding the rewrite, the second finds it
-    /// flushed); the mean of each side's two.
+    /// backup, seconds. [`INCREMENTAL_ROUNDS`] rounds, each side going first
+    /// in half of them (the first flushes the memtable holding the rewrite,
+    /// the second finds it flushed); the median of each side's.
     pub incremental_secs: Pair,
     /// Bytes the incremental snapshot uploaded vs what the backup added.
     pub incremental_bytes: Pair,
@@ -151,11 +151,16 @@ fn fsync_tree(dir: &Path) -> Result<()> {
         .map_err(io("fsync cp target"))
 }
 
+/// Incremental rounds [`rocks_vs_backup_engine`] times (each side goes
+/// first in half of them): single rounds vary by 2x on a busy machine.
+pub const INCREMENTAL_ROUNDS: u64 = 8;
+
 /// Loads `keys` keys into a RocksDB store under `dir`, then measures: a
 /// full snapshot and a backup (the memtable flushed first, untimed, so
-/// neither pays for it); twice 1 % of keys rewritten, each time an
-/// incremental snapshot and a backup, each side going first once (whichever
-/// goes first flushes the rewrite for both); and `runs` restores of each
+/// neither pays for it); [`INCREMENTAL_ROUNDS`] times 1 % of keys
+/// rewritten, each time an incremental snapshot and a backup, each side
+/// going first in half the rounds (whichever goes first flushes the rewrite
+/// for both); and `runs` restores of each
 /// kind (ours, the backup's, `cp -r` of the snapshot's files). Everything
 /// reads from the page cache where it can: all sides were just written.
 pub async fn rocks_vs_backup_engine(
@@ -197,11 +202,26 @@ pub async fn rocks_vs_backup_engine(
     let (r, be_a) = timed(|| be.create_new_backup_flush(store.db(), true));
     r.map_err(rocks("incremental backup"))?;
     let be_inc_bytes = disk_usage(&be_dir).saturating_sub(be_full_bytes);
-    load(&log, &mut store, rewrite(1))?;
-    let (r, be_b) = timed(|| be.create_new_backup_flush(store.db(), true));
-    r.map_err(rocks("incremental backup"))?;
-    let (inc, ours_b) = snap(&format, &store, &repo, "main", &log, Some(&first)).await?;
-    let (ours_inc, be_inc) = ((ours_a + ours_b) / 2, (be_a + be_b) / 2);
+    let (mut ours_inc, mut be_inc) = (vec![ours_a], vec![be_a]);
+    let mut inc = first.clone();
+    for round in 1..INCREMENTAL_ROUNDS {
+        load(&log, &mut store, rewrite(round))?;
+        let ours_first = round % 2 == 0;
+        if ours_first {
+            let (m, d) = snap(&format, &store, &repo, "main", &log, Some(&inc)).await?;
+            inc = m;
+            ours_inc.push(d);
+        }
+        let (r, d) = timed(|| be.create_new_backup_flush(store.db(), true));
+        r.map_err(rocks("incremental backup"))?;
+        be_inc.push(d);
+        if !ours_first {
+            let (m, d) = snap(&format, &store, &repo, "main", &log, Some(&inc)).await?;
+            inc = m;
+            ours_inc.push(d);
+        }
+    }
+    let (ours_inc, be_inc) = (median(ours_inc), median(be_inc));
     let restored_bytes: u64 = inc.files.iter().map(|f| f.size).sum();
     drop(store);
 

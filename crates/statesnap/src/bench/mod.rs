@@ -18,7 +18,7 @@ mod replay;
 mod scale;
 mod throughput;
 
-pub use backup::{BackupComparison, RestoreBreakdown, rocks_vs_backup_engine};
+pub use backup::{BackupComparison, INCREMENTAL_ROUNDS, RestoreBreakdown, rocks_vs_backup_engine};
 pub use delta::{DeltaCase, memory_delta};
 pub use replay::{ReplayCase, restore_vs_replay};
 pub use scale::{
