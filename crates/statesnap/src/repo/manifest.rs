@@ -633,6 +633,13 @@ pub(crate) mod tests {
         v["checksum"] = blake3::hash(&body).to_hex().to_string().into();
     }
 
+    /// Reseals `v` (an edit with a valid checksum) and returns why decoding
+    /// it as `key` fails.
+    fn refused(key: &str, mut v: serde_json::Value) -> Error {
+        reseal(&mut v);
+        Manifest::decode(key, &serde_json::to_vec(&v).unwrap()).unwrap_err()
+    }
+
     #[test]
     fn round_trips_and_ignores_unknown_plain_fields() {
         let m = sample();
@@ -697,8 +704,7 @@ pub(crate) mod tests {
 
         let mut v = good.clone();
         v["changelog"]["offset"] = 43.into();
-        reseal(&mut v);
-        let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        let e = refused(&key, v);
         assert_eq!(e.kind(), ErrorKind::Corrupt);
         assert!(e.message().contains("does not match its key"), "{e}");
     }
@@ -762,8 +768,7 @@ pub(crate) mod tests {
         // A reader that does not know the feature refuses the manifest.
         let mut v: serde_json::Value = serde_json::from_slice(&m.encode().unwrap()).unwrap();
         v["required_features"] = serde_json::json!([]);
-        reseal(&mut v);
-        let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        let e = refused(&key, v);
         assert_eq!(e.kind(), ErrorKind::Corrupt);
         assert!(e.message().contains("inline-files"), "{e}");
     }
@@ -797,8 +802,7 @@ pub(crate) mod tests {
         let good: serde_json::Value = serde_json::from_slice(&m.encode().unwrap()).unwrap();
         let mut v = good.clone();
         v["inline_files"][0]["size"] = (MAX_INLINE_FILE + 1).into();
-        reseal(&mut v);
-        let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        let e = refused(&key, v);
         assert_eq!(e.kind(), ErrorKind::Corrupt);
         assert!(e.message().contains("inline file too large"), "{e}");
         let one = InlineFile::new("f0", &vec![1u8; MAX_INLINE_FILE as usize]).unwrap();
@@ -812,8 +816,7 @@ pub(crate) mod tests {
                 })
                 .collect(),
         );
-        reseal(&mut many);
-        let e = Manifest::decode(&key, &serde_json::to_vec(&many).unwrap()).unwrap_err();
+        let e = refused(&key, many);
         assert!(e.message().contains("too many inline bytes"), "{e}");
     }
 
