@@ -373,13 +373,12 @@ fn meta_names(live: &[rocksdb::LiveFile]) -> impl Iterator<Item = String> + '_ {
         .map(|n| n.to_string_lossy().into_owned())
 }
 
-/// The metadata column family's SST file names in `store` now.
-fn meta_file_names(store: &RocksStore) -> Result<std::collections::HashSet<String>> {
-    let live = store
+/// The live SST files of `store` now.
+fn live_files(store: &RocksStore) -> Result<Vec<rocksdb::LiveFile>> {
+    store
         .db()
         .live_files()
-        .map_err(|e| rocks_error("list live files", store.path(), e))?;
-    Ok(meta_names(&live).collect())
+        .map_err(|e| rocks_error("list live files", store.path(), e))
 }
 
 /// Which of a checkpoint's files (name and size) its manifest carries
@@ -450,10 +449,19 @@ async fn write_step(
         }
     };
     let done = match plan {
-        Plan::Inline => Done::Inline(
-            blocking(move || std::fs::read(&local).map_err(|e| io_err("read file", &local, e)))
-                .await?,
-        ),
+        Plan::Inline => {
+            let path = local.clone();
+            let bytes =
+                blocking(move || std::fs::read(&path).map_err(|e| io_err("read file", &path, e)))
+                    .await?;
+            // Chosen for its listed size; a file that changed since (not
+            // one of ours) goes as a blob instead of overrunning the room.
+            if bytes.len() as u64 == size {
+                Done::Inline(bytes)
+            } else {
+                Done::Stored(repo.put_blob_file(&sk, &local).await?)
+            }
+        }
         Plan::Reuse(e) if stored(e.blake3).await? => Done::Reused(e),
         Plan::Known(hash) if stored(hash).await? => Done::Stored(PutOutcome {
             blob: BlobRef { hash, size },
@@ -916,7 +924,8 @@ impl StoreFormat for RocksFormat {
         // older ones from the live store while the checkpoint still holds
         // them, and the newest appears only after. (Which files these are
         // only decides what travels inline.)
-        let mut meta_files = meta_file_names(store)?;
+        let mut meta_files: std::collections::HashSet<String> =
+            meta_names(&live_files(store)?).collect();
         let cp = rocksdb::checkpoint::Checkpoint::new(store.db())
             .map_err(|e| rocks_error("checkpoint", store.path(), e))?;
         // log_size_for_flush = 0: flush memtables (atomically, both column
@@ -927,10 +936,7 @@ impl StoreFormat for RocksFormat {
         // so the checkpoint holds exactly what these describe (module docs).
         // After it, so the statistics count the memtables it flushed.
         let info = read_info(store.db(), store.path())?;
-        let live = store
-            .db()
-            .live_files()
-            .map_err(|e| rocks_error("list live files", store.path(), e))?;
+        let live = live_files(store)?;
         (cut.data_bytes, cut.bottom_bytes) = level_bytes(&live);
         meta_files.extend(meta_names(&live));
         cut.meta_files = meta_files;
