@@ -125,7 +125,7 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
                     "created_at_ms": m.created_at,
                     "format": format!("{}/{}", m.store_format.name, m.store_format.version),
                     "files": m.files.len() + m.inline_files.len(),
-                    "bytes": manifest_bytes(m),
+                    "bytes": m.file_bytes(),
                     "new_bytes": m.stats.bytes_uploaded,
                     "keys": m.stats.keys,
                     "parent": m.parent.map(|p| p.to_string()),
@@ -163,7 +163,7 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
             out::age(m.created_at, now),
             format!("{}/{}", m.store_format.name, m.store_format.version),
             (m.files.len() + m.inline_files.len()).to_string(),
-            out::bytes(manifest_bytes(m)),
+            out::bytes(m.file_bytes()),
             out::bytes(m.stats.bytes_uploaded),
             m.parent.map_or("-".into(), |p| p.to_string()),
             usable,
@@ -338,10 +338,4 @@ async fn seed(
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Bytes of a snapshot's files, blobs and inline ones.
-fn manifest_bytes(m: &statesnap::repo::Manifest) -> u64 {
-    let blobs: u64 = m.files.iter().map(|f| f.size).sum();
-    blobs + m.inline_files.iter().map(|f| f.size).sum::<u64>()
 }

@@ -222,7 +222,7 @@ pub async fn rocks_vs_backup_engine(
         }
     }
     let (ours_inc, be_inc) = (median(ours_inc), median(be_inc));
-    let restored_bytes: u64 = inc.files.iter().map(|f| f.size).sum();
+    let restored_bytes = inc.file_bytes();
     drop(store);
 
     // The snapshot's files under their names, for `cp -r`.
@@ -232,6 +232,9 @@ pub async fn rocks_vs_backup_engine(
         let blob = crate::repo::paths::blob(&inc.store_key, &f.blake3);
         std::fs::copy(repo_dir.join(blob.as_ref()), cp_src.join(&f.path))
             .map_err(io("copy blob for cp -r"))?;
+    }
+    for f in &inc.inline_files {
+        std::fs::write(cp_src.join(&f.path), f.bytes()?).map_err(io("write file for cp -r"))?;
     }
     let (mut ours, mut theirs, mut cp, mut cp_nosync) = (vec![], vec![], vec![], vec![]);
     let (mut transfer, mut open, mut hash, mut durable) = (vec![], vec![], vec![], vec![]);

@@ -131,7 +131,7 @@ pub async fn restore_vs_replay(dir: &Path, keys: u64, updates_per_key: u64) -> R
         keys,
         updates_per_key,
         records,
-        snapshot_bytes: m.files.iter().map(|f| f.size).sum(),
+        snapshot_bytes: m.file_bytes(),
         restore_secs: restore.as_secs_f64(),
         restore_transfer_secs: breakdown.transfer.as_secs_f64(),
         restore_open_secs: breakdown.open.as_secs_f64(),

@@ -112,7 +112,7 @@ pub async fn scale_point(dir: &Path, keys: u64) -> Result<ScalePoint> {
     remove(&cdir)?;
     Ok(ScalePoint {
         keys,
-        snapshot_bytes: m.files.iter().map(|f| f.size).sum(),
+        snapshot_bytes: m.file_bytes(),
         snapshot_secs: snapshot.as_secs_f64(),
         restore_secs: restore.as_secs_f64(),
         snapshot_peak_rss_growth: snapshot_rss,

@@ -89,7 +89,7 @@ impl Repository {
                 ManifestExtras {
                     logical_digest: m.logical_digest,
                     measured: m.measured,
-                    inline_files: Vec::new(),
+                    ..ManifestExtras::default()
                 },
             )
             .await?;

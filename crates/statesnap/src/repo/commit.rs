@@ -140,7 +140,6 @@ pub struct SnapshotWriter {
     store_key: StoreKey,
     files: Vec<FileEntry>,
     inline: Vec<InlineFile>,
-    inline_bytes: u64,
     paths: BTreeMap<String, ()>,
     bytes_uploaded: u64,
     bytes_reused: u64,
@@ -154,7 +153,6 @@ impl SnapshotWriter {
             store_key,
             files: Vec::new(),
             inline: Vec::new(),
-            inline_bytes: 0,
             paths: BTreeMap::new(),
             bytes_uploaded: 0,
             bytes_reused: 0,
@@ -223,13 +221,12 @@ impl SnapshotWriter {
                 "too many bytes to carry in one manifest path=`{}` size={size} \
                  already_inline={} max_total={MAX_INLINE_TOTAL}",
                 path.escape_debug(),
-                self.inline_bytes
+                MAX_INLINE_TOTAL - self.inline_room()
             )));
         }
         let file = InlineFile::new(path, bytes)?;
         self.claim(path)?;
         self.repo.throttle(size).await;
-        self.inline_bytes += size;
         self.bytes_uploaded += size;
         self.inline.push(file);
         Ok(())
@@ -237,7 +234,8 @@ impl SnapshotWriter {
 
     /// Inline bytes this snapshot may still carry.
     pub fn inline_room(&self) -> u64 {
-        MAX_INLINE_TOTAL.saturating_sub(self.inline_bytes)
+        let used: u64 = self.inline.iter().map(|f| f.size).sum();
+        MAX_INLINE_TOTAL.saturating_sub(used)
     }
 
     /// Reuses a file of an earlier snapshot without uploading it; commit

@@ -520,6 +520,12 @@ impl Manifest {
         Ok(out)
     }
 
+    /// Bytes of every file of the snapshot: its blobs' and its inline ones.
+    pub fn file_bytes(&self) -> u64 {
+        let blobs: u64 = self.files.iter().map(|f| f.size).sum();
+        blobs + self.inline_files.iter().map(|f| f.size).sum::<u64>()
+    }
+
     /// Distinct blobs named by the manifest.
     pub fn blobs(&self) -> Vec<(BlobHash, u64)> {
         let mut set = std::collections::BTreeMap::new();
