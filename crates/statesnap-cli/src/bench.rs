@@ -159,6 +159,29 @@ fn rows(
         times(b.incremental_secs.ours, b.incremental_secs.theirs),
     ]);
     rows.push([
+        "the same two, into a local repository that hard-links SSTs \
+         (`link_immutable_files`): full / incremental"
+            .to_owned(),
+        format!(
+            "{} / {}",
+            secs(b.full_linked_secs.ours),
+            secs(b.incremental_linked_secs.ours)
+        ),
+        format!(
+            "{} / {}",
+            secs(b.full_linked_secs.theirs),
+            secs(b.incremental_linked_secs.theirs)
+        ),
+        format!(
+            "{} / {}",
+            times(b.full_linked_secs.ours, b.full_linked_secs.theirs),
+            times(
+                b.incremental_linked_secs.ours,
+                b.incremental_linked_secs.theirs
+            )
+        ),
+    ]);
+    rows.push([
         format!(
             "restore (verified, opened) vs BackupEngine restore, {}",
             bytes(b.restored_bytes as f64)

@@ -61,6 +61,18 @@ fn main() {
             "<= 1.0x",
         ),
         (
+            "full snapshot time, SSTs hard-linked (local repository)".into(),
+            c.full_linked_secs,
+            "s",
+            "(info)",
+        ),
+        (
+            "incremental snapshot time, SSTs hard-linked".into(),
+            c.incremental_linked_secs,
+            "s",
+            "(info)",
+        ),
+        (
             "incremental snapshot bytes".into(),
             scale(c.incremental_bytes),
             "MB",

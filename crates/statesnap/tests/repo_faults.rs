@@ -355,3 +355,101 @@ async fn put_blob_file_stores_every_size_around_the_threshold() {
     assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
     assert!(missing.message().contains("missing`"), "{missing}");
 }
+
+/// `put_immutable_file` in a `file://` repository with
+/// `link_immutable_files`: the blob is the file itself (one inode, two
+/// names), found again on a second put, and still there after the source
+/// name is gone. Without the option, in another store, across
+/// filesystems, or over a wrong-size blob of that hash, it is a copy.
+#[tokio::test]
+async fn put_immutable_file_links_on_one_filesystem_and_copies_otherwise() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().join("repo").display());
+    let linking = TransferOptions {
+        link_immutable_files: true,
+        ..TransferOptions::default()
+    };
+    let plain = Repository::init(&url, Default::default()).await.unwrap();
+    let repo = plain.clone().with_transfer(linking);
+    let blob_path = |b: &BlobRef| {
+        dir.path()
+            .join("repo")
+            .join(statesnap::repo::paths::blob(&sk(), &b.hash).as_ref())
+    };
+    let src = dir.path().join("000042.sst");
+    let data = bytes(100_000, 7);
+    std::fs::write(&src, &data).unwrap();
+
+    let out = repo.put_immutable_file(&sk(), &src).await.unwrap();
+    assert!(out.uploaded);
+    assert_eq!(out.blob.hash, statesnap::repo::BlobHash::of(&data));
+    let (s, b) = (
+        std::fs::metadata(&src).unwrap(),
+        std::fs::metadata(blob_path(&out.blob)).unwrap(),
+    );
+    assert_eq!((s.dev(), s.ino()), (b.dev(), b.ino()), "a link, not a copy");
+    assert_eq!(s.nlink(), 2);
+    assert!(!repo.put_immutable_file(&sk(), &src).await.unwrap().uploaded);
+    std::fs::remove_file(&src).unwrap();
+    assert_eq!(repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(), data);
+
+    // Without the option: a copy.
+    let other = dir.path().join("000043.sst");
+    std::fs::write(&other, bytes(5_000, 8)).unwrap();
+    let out = plain.put_immutable_file(&sk(), &other).await.unwrap();
+    assert!(out.uploaded);
+    let b = std::fs::metadata(blob_path(&out.blob)).unwrap();
+    assert_ne!(b.ino(), std::fs::metadata(&other).unwrap().ino());
+
+    // A blob of that hash with another size (damage): replaced by a copy.
+    let third = dir.path().join("000044.sst");
+    let third_data = bytes(7_000, 9);
+    std::fs::write(&third, &third_data).unwrap();
+    let hash = statesnap::repo::BlobHash::of(&third_data);
+    let wrong = blob_path(&BlobRef { hash, size: 0 });
+    std::fs::create_dir_all(wrong.parent().unwrap()).unwrap();
+    std::fs::write(&wrong, b"short").unwrap();
+    let out = repo.put_immutable_file(&sk(), &third).await.unwrap();
+    assert!(out.uploaded);
+    assert_eq!(
+        repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(),
+        third_data
+    );
+
+    // Another store (here in memory): an upload.
+    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem_repo = good(&mem, &ManualClock::new(SystemClock.now_ms())).with_transfer(linking);
+    let out = mem_repo.put_immutable_file(&sk(), &third).await.unwrap();
+    assert_eq!(
+        mem_repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(),
+        third_data
+    );
+
+    // Missing source: an error naming it.
+    let err = repo
+        .put_immutable_file(&sk(), &dir.path().join("gone.sst"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.message().contains("gone.sst`"), "{err}");
+
+    // Across filesystems (link fails with EXDEV): a copy. /dev/shm is a
+    // tmpfs on Linux; where it is missing or on the same device, this part
+    // has nothing to cross.
+    let shm = std::path::Path::new("/dev/shm");
+    let crosses = shm.is_dir()
+        && std::fs::metadata(shm).unwrap().dev() != std::fs::metadata(dir.path()).unwrap().dev();
+    if crosses {
+        let far = tempfile::tempdir_in(shm).unwrap();
+        let src = far.path().join("000045.sst");
+        let data = bytes(20_000, 10);
+        std::fs::write(&src, &data).unwrap();
+        let out = repo.put_immutable_file(&sk(), &src).await.unwrap();
+        assert!(out.uploaded);
+        assert_eq!(std::fs::metadata(&src).unwrap().nlink(), 1, "copied");
+        assert_eq!(repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(), data);
+    } else {
+        eprintln!("no second filesystem at /dev/shm: the cross-filesystem copy is not exercised");
+    }
+}

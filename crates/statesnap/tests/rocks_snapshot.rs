@@ -1302,3 +1302,104 @@ fn inline_files_restore_and_damaged_ones_are_refused() {
     );
     s.assert_caught_up(store);
 }
+
+/// With `link_immutable_files` in a local repository, the snapshot's SSTs
+/// are the store's own files (hard links), every other file is not, and
+/// the blobs outlive the store's names for them: after a compaction
+/// deleted every SST the first snapshot had, both snapshots restore
+/// exactly, and gc of the first leaves the second whole.
+#[test]
+fn linked_ssts_are_the_store_s_files_and_outlive_them() {
+    use std::os::unix::fs::MetadataExt;
+    let rt = rt();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let url = format!("file://{}", dir.path().join("repo").display());
+    let repo = rt
+        .block_on(Repository::init(&url, Default::default()))
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()))
+        .with_transfer(statesnap::repo::TransferOptions {
+            link_immutable_files: true,
+            ..Default::default()
+        });
+    let blob_file = |f: &FileEntry| {
+        dir.path()
+            .join("repo")
+            .join(statesnap::repo::paths::blob(&sk(), &f.blake3).as_ref())
+    };
+    let format = RocksFormat::new(opts());
+    let store_dir = dir.path().join("store");
+    let mut store = RocksStore::open(&store_dir, &opts()).unwrap();
+    let log = test_log(dir.path());
+    let mut model = Model::new();
+    fill(&log, &mut store, &mut model, 0..5_000, 1);
+    store.flush().unwrap();
+    let first = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, None));
+    let first_model = model.clone();
+    let mut linked = 0;
+    for f in &first.files {
+        let blob = std::fs::metadata(blob_file(f)).unwrap();
+        match std::fs::metadata(store_dir.join(&f.path)) {
+            Ok(live) if f.path.ends_with(".sst") => {
+                assert_eq!(live.ino(), blob.ino(), "{} is linked", f.path);
+                linked += 1;
+            }
+            // Mutable files are copies (or inline); an SST compacted away
+            // since the checkpoint has no live name to compare.
+            Ok(live) => assert_ne!(live.ino(), blob.ino(), "{} is a copy", f.path),
+            Err(_) => {}
+        }
+    }
+    assert!(linked > 1, "{linked} SSTs linked");
+
+    // Every key rewritten, then one compacted run: the store deletes the
+    // first snapshot's SSTs.
+    fill(&log, &mut store, &mut model, 0..5_000, 2);
+    store.flush().unwrap();
+    store.db().compact_range::<&[u8], &[u8]>(None, None);
+    for f in ssts(&first) {
+        assert!(
+            !store_dir.join(&f.path).exists(),
+            "{} compacted away",
+            f.path
+        );
+    }
+    let second = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, Some(&first)));
+    drop(store);
+    for (m, want, name) in [(&first, &first_model, "a"), (&second, &model, "b")] {
+        let (restored, _) = rt
+            .block_on(restore_snapshot(&format, m, &repo, &dir.path().join(name)))
+            .unwrap();
+        assert_eq!(&contents(&restored), want, "snapshot {}", m.snapshot_id);
+    }
+
+    rt.block_on(repo.delete_snapshot(&sk(), first.snapshot_id))
+        .unwrap();
+    let gc_repo = repo
+        .clone()
+        .with_max_commit_duration(Duration::from_millis(1));
+    let gc = GcOptions {
+        grace: Duration::from_millis(2),
+        ..GcOptions::default()
+    };
+    let mut deleted = 0;
+    for _ in 0..3 {
+        clock.advance_ms(60_000);
+        deleted += rt
+            .block_on(gc_repo.gc_store(&sk(), &gc))
+            .unwrap()
+            .blobs_deleted
+            .len();
+    }
+    assert!(deleted > 0, "the first snapshot's SSTs are swept");
+    let (restored, _) = rt
+        .block_on(restore_snapshot(
+            &format,
+            &second,
+            &repo,
+            &dir.path().join("c"),
+        ))
+        .unwrap();
+    assert_eq!(contents(&restored), model);
+}

@@ -37,6 +37,14 @@ pub struct BackupComparison {
     pub incremental_secs: Pair,
     /// Bytes the incremental snapshot uploaded vs what the backup added.
     pub incremental_bytes: Pair,
+    /// The same snapshots into a second local repository that hard-links
+    /// the SSTs ([`TransferOptions::link_immutable_files`](crate::repo::TransferOptions::link_immutable_files))
+    /// instead of copying them, vs the same backups: the full snapshot,
+    /// seconds.
+    pub full_linked_secs: Pair,
+    /// The incremental snapshots into the linking repository vs the
+    /// backups, seconds (median, the same rounds).
+    pub incremental_linked_secs: Pair,
     /// Restore (every blob verified, the store opened) vs
     /// `restore_from_latest_backup`, seconds.
     pub restore_secs: Pair,
@@ -151,16 +159,18 @@ fn fsync_tree(dir: &Path) -> Result<()> {
         .map_err(io("fsync cp target"))
 }
 
-/// Incremental rounds [`rocks_vs_backup_engine`] times (each side goes
-/// first in half of them): single rounds vary by 2x on a busy machine.
-pub const INCREMENTAL_ROUNDS: u64 = 8;
+/// Incremental rounds [`rocks_vs_backup_engine`] times (each of its three
+/// sides goes first in a third of them): single rounds vary by 2x on a
+/// busy machine.
+pub const INCREMENTAL_ROUNDS: u64 = 9;
 
 /// Loads `keys` keys into a RocksDB store under `dir`, then measures: a
 /// full snapshot and a backup (the memtable flushed first, untimed, so
 /// neither pays for it); [`INCREMENTAL_ROUNDS`] times 1 % of keys
-/// rewritten, each time an incremental snapshot and a backup, each side
-/// going first in half the rounds (whichever goes first flushes the rewrite
-/// for both); and `runs` restores of each
+/// rewritten, each time an incremental snapshot, a backup and a snapshot
+/// into a second repository that hard-links SSTs, each side going first in
+/// a third of the rounds (whichever goes first flushes the rewrite for the
+/// others); and `runs` restores of each
 /// kind (ours, the backup's, `cp -r` of the snapshot's files). Everything
 /// reads from the page cache where it can: all sides were just written.
 pub async fn rocks_vs_backup_engine(
@@ -173,6 +183,14 @@ pub async fn rocks_vs_backup_engine(
     let store_bytes = disk_usage(&dir.join("db"));
     let repo_dir = dir.join("repo");
     let repo = local_repo(&repo_dir).await?;
+    let linked_format = RocksFormat::new(bench_options());
+    let linked =
+        local_repo(&dir.join("repo-linked"))
+            .await?
+            .with_transfer(crate::repo::TransferOptions {
+                link_immutable_files: true,
+                ..crate::repo::TransferOptions::default()
+            });
 
     // Full. Both sides flush the memtable first; whichever went first
     // would flush it for the other, so it is flushed here, untimed.
@@ -187,41 +205,58 @@ pub async fn rocks_vs_backup_engine(
     let (r, be_full) = timed(|| be.create_new_backup_flush(store.db(), true));
     r.map_err(rocks("full backup"))?;
     let be_full_bytes = disk_usage(&be_dir);
+    let (full_linked, linked_full) =
+        snap(&linked_format, &store, &linked, "main", &log, None).await?;
 
-    // 1 % of keys rewritten, twice (other keys the second time). Each
-    // side's snapshot flushes the memtable holding the rewrite, and the one
-    // that goes second finds it flushed: each side goes first once.
+    // 1 % of keys rewritten per round (other keys each round). Each side's
+    // snapshot flushes the memtable holding the rewrite, and the ones that
+    // go after find it flushed: each side goes first in a third of the
+    // rounds.
     let rewrite = |round: u64| {
         (0..keys / 100).map(move |j| {
             let i = (j + round * keys / 100).wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys.max(1);
             Record::put(key(i), value(i ^ 0xdead_beef ^ round))
         })
     };
-    load(&log, &mut store, rewrite(0))?;
-    let (first, ours_a) = snap(&format, &store, &repo, "main", &log, Some(&full)).await?;
-    let (r, be_a) = timed(|| be.create_new_backup_flush(store.db(), true));
-    r.map_err(rocks("incremental backup"))?;
-    let be_inc_bytes = disk_usage(&be_dir).saturating_sub(be_full_bytes);
-    let (mut ours_inc, mut be_inc) = (vec![ours_a], vec![be_a]);
-    let mut inc = first.clone();
-    for round in 1..INCREMENTAL_ROUNDS {
+    let (mut ours_inc, mut be_inc, mut linked_inc) = (vec![], vec![], vec![]);
+    let (mut inc, mut inc_linked) = (full.clone(), full_linked);
+    let (mut first, mut be_inc_bytes) = (None, 0);
+    for round in 0..INCREMENTAL_ROUNDS {
         load(&log, &mut store, rewrite(round))?;
-        let ours_first = round % 2 == 0;
-        if ours_first {
-            let (m, d) = snap(&format, &store, &repo, "main", &log, Some(&inc)).await?;
-            inc = m;
-            ours_inc.push(d);
-        }
-        let (r, d) = timed(|| be.create_new_backup_flush(store.db(), true));
-        r.map_err(rocks("incremental backup"))?;
-        be_inc.push(d);
-        if !ours_first {
-            let (m, d) = snap(&format, &store, &repo, "main", &log, Some(&inc)).await?;
-            inc = m;
-            ours_inc.push(d);
+        for side in (0..3).map(|k| (round + k) % 3) {
+            match side {
+                0 => {
+                    let (m, d) = snap(&format, &store, &repo, "main", &log, Some(&inc)).await?;
+                    first.get_or_insert_with(|| m.clone());
+                    inc = m;
+                    ours_inc.push(d);
+                }
+                1 => {
+                    let (r, d) = timed(|| be.create_new_backup_flush(store.db(), true));
+                    r.map_err(rocks("incremental backup"))?;
+                    if be_inc.is_empty() {
+                        be_inc_bytes = disk_usage(&be_dir).saturating_sub(be_full_bytes);
+                    }
+                    be_inc.push(d);
+                }
+                _ => {
+                    let (m, d) = snap(
+                        &linked_format,
+                        &store,
+                        &linked,
+                        "main",
+                        &log,
+                        Some(&inc_linked),
+                    )
+                    .await?;
+                    inc_linked = m;
+                    linked_inc.push(d);
+                }
+            }
         }
     }
-    let (ours_inc, be_inc) = (median(ours_inc), median(be_inc));
+    let first = first.ok_or_else(|| Error::internal("bench: no incremental round ran"))?;
+    let (ours_inc, be_inc, linked_inc) = (median(ours_inc), median(be_inc), median(linked_inc));
     let restored_bytes = inc.file_bytes();
     drop(store);
 
@@ -290,7 +325,7 @@ pub async fn rocks_vs_backup_engine(
         cp_nosync.push(copy);
         remove(&cp_dst)?;
     }
-    for p in ["cp-src", "backup", "db", "log-main"] {
+    for p in ["cp-src", "backup", "db", "log-main", "repo-linked"] {
         remove(&dir.join(p))?;
     }
     let secs = |d: Duration| d.as_secs_f64();
@@ -313,6 +348,14 @@ pub async fn rocks_vs_backup_engine(
         incremental_bytes: Pair {
             ours: first.stats.bytes_uploaded as f64,
             theirs: be_inc_bytes as f64,
+        },
+        full_linked_secs: Pair {
+            ours: secs(linked_full),
+            theirs: secs(be_full),
+        },
+        incremental_linked_secs: Pair {
+            ours: secs(linked_inc),
+            theirs: secs(be_inc),
         },
         restore_secs: Pair {
             ours: restore,

@@ -476,6 +476,9 @@ async fn write_step(
                 blake3: p.blake3,
             })
         }
+        // An SST is never written again once RocksDB finished it: a local
+        // repository may link it (`TransferOptions::link_immutable_files`).
+        _ if is_immutable(&name) => Done::Stored(repo.put_immutable_file(&sk, &local).await?),
         _ => Done::Stored(repo.put_blob_file(&sk, &local).await?),
     };
     Ok((name, done))

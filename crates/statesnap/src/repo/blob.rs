@@ -54,6 +54,22 @@ pub struct TransferOptions {
     /// returns, or after, in the background. Default
     /// [`RestoreSync::Background`].
     pub restore_sync: RestoreSync,
+    /// In a `file://` repository, store files that their owner never
+    /// modifies again (RocksDB's SSTs) as hard links to them instead of
+    /// copies, when they are on the same filesystem
+    /// ([`Repository::put_immutable_file`]). Default `false`.
+    ///
+    /// A link writes no data: a new SST costs a hash and an fsync of a
+    /// directory, not a copy and an fsync of its bytes. The price is that
+    /// the snapshot and the live store share those files' blocks: damage to
+    /// one (a disk error, a tool writing into the file) is damage to both,
+    /// where a copy would keep one good. Restore still verifies every byte,
+    /// and the changelog can rebuild the store, so no data is lost, but the
+    /// snapshot then no longer shortens that rebuild. Leave it off when the
+    /// local repository is the one copy meant to survive the store's
+    /// files; turn it on for a repository that is a fast restart point on
+    /// the store's own disk.
+    pub link_immutable_files: bool,
 }
 
 /// When a RocksDB restore makes its files durable.
@@ -107,6 +123,7 @@ impl Default for TransferOptions {
             part_size: 8 << 20,
             download_part_size: 16 << 20,
             restore_sync: RestoreSync::default(),
+            link_immutable_files: false,
         }
     }
 }
@@ -207,6 +224,43 @@ impl Repository {
                 e
             }
         })
+    }
+
+    /// Stores the local file at `path` as a blob, for a file that its owner
+    /// never modifies again (RocksDB's SSTs). With
+    /// [`TransferOptions::link_immutable_files`] in a `file://` repository,
+    /// the blob is a hard link to the file: it is read once for its hash,
+    /// fsynced (cheap when its writer already did), linked, and its
+    /// directory fsynced. Everywhere else, and whenever the link cannot be
+    /// made (another filesystem, hard links refused, a blob of that hash
+    /// but another size in the way), this is
+    /// [`put_blob_file`](Self::put_blob_file).
+    ///
+    /// A caller that modifies the file afterwards corrupts the blob (restore
+    /// finds out and refuses it); files that may change go through
+    /// `put_blob_file`.
+    pub async fn put_immutable_file(
+        &self,
+        sk: &StoreKey,
+        path: &std::path::Path,
+    ) -> Result<PutOutcome> {
+        let Some(local) = self
+            .local
+            .clone()
+            .filter(|_| self.transfer.link_immutable_files)
+        else {
+            return self.put_blob_file(sk, path).await;
+        };
+        let (src, sk_c) = (path.to_owned(), sk.clone());
+        let linked = blocking_io(move || link_blob(&local, &sk_c, &src)).await;
+        match linked {
+            Ok(Some(out)) => Ok(out),
+            Ok(None) => self.put_blob_file(sk, path).await,
+            Err(e) => Err(Error::io(
+                format!("cannot store file by hard link path=`{}`", path.display()),
+                e,
+            )),
+        }
     }
 
     /// Stores the files at `paths` with bounded parallelism; outcomes are in
@@ -874,6 +928,96 @@ fn copy_hashed(
 }
 
 /// Runs blocking file I/O off the async threads.
+/// [`Repository::put_immutable_file`]'s link, on a blocking thread: the
+/// outcome, or `None` when the file must be copied instead.
+fn link_blob(
+    local: &object_store::local::LocalFileSystem,
+    sk: &StoreKey,
+    src: &std::path::Path,
+) -> std::io::Result<Option<PutOutcome>> {
+    use std::io::ErrorKind as K;
+    let mut file = std::fs::File::open(src)?;
+    let mut hasher = blake3::Hasher::new();
+    let size = std::io::copy(&mut file, &mut hasher)?;
+    let blob = BlobRef {
+        hash: BlobHash::from(hasher.finalize()),
+        size,
+    };
+    let Ok(dest) = local.path_to_filesystem(&paths::blob(sk, &blob.hash)) else {
+        return Ok(None);
+    };
+    match std::fs::metadata(&dest) {
+        Ok(m) if m.len() == size => {
+            return Ok(Some(PutOutcome {
+                blob,
+                uploaded: false,
+            }));
+        }
+        // Another size under this hash: the copy replaces it.
+        Ok(_) => return Ok(None),
+        Err(e) if e.kind() == K::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // The blob is durable once its name is: the data first (a no-op when
+    // the file's writer synced it, as RocksDB does its SSTs), then the
+    // directory entry.
+    file.sync_all()?;
+    let Some(dir) = dest.parent() else {
+        return Ok(None);
+    };
+    let mut created = None;
+    if !dir.is_dir() {
+        created = first_missing_ancestor(dir);
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::hard_link(src, &dest) {
+        Ok(()) => {}
+        // A racing writer stored it first: same hash, same bytes.
+        Err(e) if e.kind() == K::AlreadyExists => {
+            return Ok(std::fs::metadata(&dest)
+                .is_ok_and(|m| m.len() == size)
+                .then_some(PutOutcome {
+                    blob,
+                    uploaded: false,
+                }));
+        }
+        // Another filesystem, or links refused (`protected_hardlinks`, a
+        // filesystem without them): copy.
+        Err(e) => {
+            tracing::debug!(path = %src.display(), error = %e, "hard link refused, copying");
+            return Ok(None);
+        }
+    }
+    std::fs::File::open(dir)?.sync_all()?;
+    // The entries of the directories made for it, each in its parent, up
+    // to the one that existed.
+    if let Some(top) = created {
+        let mut d = dir;
+        while let Some(parent) = d.parent() {
+            std::fs::File::open(parent)?.sync_all()?;
+            if d == top {
+                break;
+            }
+            d = parent;
+        }
+    }
+    Ok(Some(PutOutcome {
+        blob,
+        uploaded: true,
+    }))
+}
+
+/// The highest directory of `dir`'s path that does not exist yet.
+fn first_missing_ancestor(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut top = None;
+    let mut d = Some(dir);
+    while let Some(p) = d.filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+        top = Some(p.to_path_buf());
+        d = p.parent();
+    }
+    top
+}
+
 async fn blocking_io<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {

@@ -117,6 +117,10 @@ pub struct Repository {
     limit: Option<Arc<BandwidthLimit>>,
     /// Blob bytes read, for progress reporting ([`Repository::counting_reads`]).
     read_counter: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// A `file://` repository's filesystem, for hard-linking immutable
+    /// files into it ([`TransferOptions::link_immutable_files`]); `None`
+    /// for every other store, wrapped ones included.
+    local: Option<Arc<object_store::local::LocalFileSystem>>,
 }
 
 impl Repository {
@@ -171,6 +175,7 @@ impl Repository {
             max_commit_duration: opts.max_commit_duration,
             limit: None,
             read_counter: None,
+            local: None,
         })
     }
 
@@ -368,6 +373,7 @@ impl Repository {
             ))
             .with_source(e)
         })?;
+        let mut local = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match parsed.scheme() {
             "file" => {
                 let dir = parsed.to_file_path().map_err(|()| {
@@ -397,7 +403,9 @@ impl Repository {
                         map_store_error(e, &format!("cannot open local repository url=`{url}`"))
                     })?
                     .with_fsync(true);
-                (Arc::new(fs), String::new())
+                let fs = Arc::new(fs);
+                local = Some(fs.clone());
+                (fs, String::new())
             }
             "memory" => {
                 let name = format!("{}{}", parsed.host_str().unwrap_or(""), parsed.path());
@@ -448,6 +456,7 @@ impl Repository {
         };
         let mut repo = Repository::from_store_with(store, &prefix, opts)?;
         repo.url = url.to_owned();
+        repo.local = local;
         Ok(repo)
     }
 }
