@@ -904,6 +904,10 @@ fn bench_quick_writes_markdown_json_and_a_chart() {
             < b["full_bytes"]["ours"].as_f64().unwrap(),
         "an incremental snapshot uploads less than the full one: {b}"
     );
+    for k in ["full_linked_secs", "incremental_linked_secs"] {
+        assert!(b[k]["ours"].as_f64().unwrap() > 0.0, "{k}: {b}");
+        assert!(b[k]["theirs"].as_f64().unwrap() > 0.0, "{k}: {b}");
+    }
     let d = &v["memory_delta"];
     assert!(
         d["delta_bytes"].as_u64().unwrap() < d["full_bytes"].as_u64().unwrap(),
@@ -939,6 +943,7 @@ fn bench_quick_writes_markdown_json_and_a_chart() {
         "{md}"
     );
     assert!(md.contains("restore-vs-history.svg"), "{md}");
+    assert!(md.contains("hard-links SSTs"), "{md}");
     let svg = std::fs::read_to_string(out_dir.join("restore-vs-history.svg")).unwrap();
     assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
     assert!(
