@@ -152,8 +152,16 @@ impl StateStore for MemoryStore {
         // run of records for one key only the last decides the result (the
         // others would be overwritten or deleted within this same update);
         // records of different keys commute. The result is the same.
+        //
+        // Replay hands over its batches ordered already (by another thread,
+        // `replay::last_write_per_key`): a strictly ascending batch is
+        // taken as it is.
         let mut order: Vec<&Record>;
-        let records: &mut dyn Iterator<Item = &Record> = if batch.len() >= SORTED_APPLY_MIN {
+        let records: &mut dyn Iterator<Item = &Record> = if batch.len() >= SORTED_APPLY_MIN
+            && !batch
+                .windows(2)
+                .all(|w| cmp_bytes(&w[0].key, &w[1].key).is_lt())
+        {
             order = batch.iter().collect();
             order.sort_by(|a, b| cmp_bytes(&a.key, &b.key));
             order.dedup_by(|later, earlier| {

@@ -57,6 +57,11 @@ pub trait StateStore: Send {
     /// Applies `batch` in order (later records for a key win) and records
     /// `applied_offset` as the changelog offset the store now reflects — in one
     /// atomic step.
+    ///
+    /// Only the result is the contract, not the records that led to it:
+    /// replay hands over large batches in key order with only the last
+    /// record of each key (the same state once applied atomically), so a
+    /// store sees fewer records than the log holds.
     fn apply(&mut self, batch: &[Record], applied_offset: u64) -> Result<()>;
 
     /// The changelog offset of the last applied record, or `None` if the store
