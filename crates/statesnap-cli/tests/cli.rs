@@ -395,6 +395,46 @@ fn a_corrupt_manifest_is_reported_by_list_and_verify() {
     assert_eq!(v["unreadable_manifests"][0]["kind"], "corrupt");
 }
 
+/// A manifest sealed with a damaged inline file (its checksum matches, so
+/// it lists): `verify` names the snapshot and the file, without restoring.
+#[test]
+fn verify_reports_a_damaged_inline_file() {
+    let f = fixture();
+    let ids = snapshot_ids(&f);
+    let dir = f.path("repo/stores/shop.carts.0/manifests");
+    let newest = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&newest).unwrap()).unwrap();
+    let files = v["inline_files"].as_array().unwrap();
+    let i = files.iter().position(|x| x["path"] == "CURRENT").unwrap();
+    let other = statesnap::repo::InlineFile::new("CURRENT", b"MANIFEST-999999\n").unwrap();
+    v["inline_files"][i]["zstd_base64"] = other.zstd_base64.into();
+    let body = statesnap::repo::Manifest::canonical_body(&v).unwrap();
+    v["checksum"] = blake3::hash(&body).to_hex().to_string().into();
+    std::fs::write(&newest, serde_json::to_vec(&v).unwrap()).unwrap();
+
+    assert_eq!(snapshot_ids(&f).len(), 3, "the resealed manifest lists");
+    let out = run_json(&f, &["verify"], 5);
+    assert_eq!(out["ok"], false);
+    let bad = out["bad_inline_files"].as_array().unwrap();
+    assert_eq!(bad.len(), 1, "{out}");
+    assert_eq!(bad[0]["path"], "CURRENT");
+    assert_eq!(bad[0]["snapshot"], ids[2].as_str());
+    assert!(bad[0]["reason"].as_str().unwrap().contains("damaged"), "{out}");
+    statesnap()
+        .args(["verify", "--repo", &f.repo_url])
+        .assert()
+        .code(5)
+        .stdout(predicate::str::contains(format!(
+            "BAD inline file CURRENT of snapshot {}",
+            ids[2]
+        )));
+}
+
 #[test]
 fn retain_gc_and_clone_say_what_they_do() {
     let f = fixture();

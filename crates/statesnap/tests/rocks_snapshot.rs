@@ -1301,6 +1301,27 @@ fn inline_files_restore_and_damaged_ones_are_refused() {
         report.skipped
     );
     s.assert_caught_up(store);
+
+    // Verify finds it too, without restoring: that snapshot, that file.
+    let verified =
+        s.rt.block_on(s.repo.verify_store(
+            &sk(),
+            &Default::default(),
+            &|_: &statesnap::repo::VerifyProgress| {},
+        ))
+        .unwrap();
+    assert!(!verified.is_ok());
+    assert!(verified.bad.is_empty(), "{:?}", verified.bad);
+    assert_eq!(verified.bad_inline.len(), 1, "{:?}", verified.bad_inline);
+    let bad = &verified.bad_inline[0];
+    assert_eq!(
+        (bad.snapshot, bad.path.as_str()),
+        (s.new.snapshot_id, "CURRENT")
+    );
+    assert_eq!(
+        verified.broken_snapshots().get(&sk()),
+        Some(&vec![s.new.snapshot_id])
+    );
 }
 
 /// With `link_immutable_files` in a local repository, the snapshot's SSTs

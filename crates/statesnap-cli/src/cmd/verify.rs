@@ -83,6 +83,12 @@ pub async fn run(a: &VerifyArgs, out: Out) -> Result<ExitCode> {
                 "snapshots": b.referenced_by.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "quarantined_to": b.quarantined_to,
             })).collect::<Vec<_>>(),
+            "bad_inline_files": report.bad_inline.iter().map(|f| json!({
+                "store": f.store_key.to_string(),
+                "snapshot": f.snapshot.to_string(),
+                "path": f.path,
+                "reason": f.reason,
+            })).collect::<Vec<_>>(),
             "unreadable_manifests": report.unreadable.iter().map(|u| json!({
                 "key": u.key, "kind": u.kind.as_str(), "reason": u.reason,
             })).collect::<Vec<_>>(),
@@ -119,6 +125,12 @@ pub async fn run(a: &VerifyArgs, out: Out) -> Result<ExitCode> {
                 b.quarantined_to
                     .as_ref()
                     .map_or(String::new(), |q| format!(" (quarantined to {q})"))
+            );
+        }
+        for f in &report.bad_inline {
+            println!(
+                "BAD inline file {} of snapshot {} of store {}: {}",
+                f.path, f.snapshot, f.store_key, f.reason
             );
         }
         for u in &report.unreadable {

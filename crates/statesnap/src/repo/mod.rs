@@ -56,7 +56,7 @@ pub use manifest::{
 };
 pub use paths::{BlobHash, Entropy, SeededEntropy, SharedEntropy, SnapshotId, StoreKey};
 pub use retention::{RetentionPlan, RetentionPolicy};
-pub use verify::{BadBlob, VerifyOptions, VerifyProgress, VerifyReport};
+pub use verify::{BadBlob, BadInlineFile, VerifyOptions, VerifyProgress, VerifyReport};
 
 /// The repository format version this build writes and reads.
 pub const REPOSITORY_FORMAT_VERSION: u64 = 1;

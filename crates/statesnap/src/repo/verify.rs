@@ -65,6 +65,20 @@ pub struct BadBlob {
     pub quarantined_to: Option<String>,
 }
 
+/// A file carried inside a manifest ([`InlineFile`](super::InlineFile))
+/// whose bytes do not decode to its size and hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadInlineFile {
+    /// Its store.
+    pub store_key: StoreKey,
+    /// The snapshot that carries it (it cannot be restored as it is).
+    pub snapshot: SnapshotId,
+    /// The file's path in the snapshot.
+    pub path: String,
+    /// What was wrong.
+    pub reason: String,
+}
+
 /// What a verification found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VerifyReport {
@@ -78,22 +92,33 @@ pub struct VerifyReport {
     pub bytes_checked: u64,
     /// Blobs that failed, by store and hash.
     pub bad: Vec<BadBlob>,
+    /// Inline files that failed, by store, snapshot and path. (A manifest
+    /// whose checksum does not match is unreadable instead; these are in
+    /// manifests that were sealed with the damage inside.)
+    pub bad_inline: Vec<BadInlineFile>,
     /// Manifests that could not be read (their blobs were not checked).
     pub unreadable: Vec<UnreadableManifest>,
 }
 
 impl VerifyReport {
-    /// Whether everything checked out (no bad blob, no unreadable manifest).
+    /// Whether everything checked out (no bad blob or inline file, no
+    /// unreadable manifest).
     pub fn is_ok(&self) -> bool {
-        self.bad.is_empty() && self.unreadable.is_empty()
+        self.bad.is_empty() && self.bad_inline.is_empty() && self.unreadable.is_empty()
     }
 
     /// Snapshots that cannot be restored as they are, per store.
     pub fn broken_snapshots(&self) -> BTreeMap<StoreKey, Vec<SnapshotId>> {
         let mut out: BTreeMap<StoreKey, Vec<SnapshotId>> = BTreeMap::new();
         for b in &self.bad {
-            let v = out.entry(b.store_key.clone()).or_default();
-            v.extend(b.referenced_by.iter().copied());
+            out.entry(b.store_key.clone())
+                .or_default()
+                .extend(b.referenced_by.iter().copied());
+        }
+        for f in &self.bad_inline {
+            out.entry(f.store_key.clone()).or_default().push(f.snapshot);
+        }
+        for v in out.values_mut() {
             v.sort();
             v.dedup();
         }
@@ -116,6 +141,7 @@ impl Repository {
             all.blobs_checked += r.blobs_checked;
             all.bytes_checked += r.bytes_checked;
             all.bad.extend(r.bad);
+            all.bad_inline.extend(r.bad_inline);
             all.unreadable.extend(r.unreadable);
         }
         Ok(all)
@@ -123,7 +149,9 @@ impl Repository {
 
     /// Reads every blob the committed manifests of `sk` name, in parallel,
     /// checking size and blake3; reports (and with `opts.quarantine`, moves
-    /// aside) the bad ones. A transient failure (the repository is
+    /// aside) the bad ones. The files manifests carry inline are decoded and
+    /// checked the same way (there is nothing to move aside: the snapshot
+    /// is reported). A transient failure (the repository is
     /// unreachable) is returned as an error: nothing is concluded from it.
     pub async fn verify_store(
         &self,
@@ -171,8 +199,22 @@ impl Repository {
             blobs_checked: blobs_total,
             bytes_checked: bytes_total,
             bad: Vec::new(),
+            bad_inline: Vec::new(),
             unreadable: listing.unreadable,
         };
+        for s in &listing.snapshots {
+            for f in &s.manifest.inline_files {
+                if let Err(e) = f.bytes() {
+                    tracing::warn!(store_key = %sk, snapshot = %s.id(), path = %f.path, error = %e, "bad inline file");
+                    report.bad_inline.push(BadInlineFile {
+                        store_key: sk.clone(),
+                        snapshot: s.id(),
+                        path: f.path.clone(),
+                        reason: e.message().to_string(),
+                    });
+                }
+            }
+        }
         for (hash, size, mut refs, r) in results {
             let e = match r {
                 Ok(()) => continue,
