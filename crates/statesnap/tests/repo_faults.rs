@@ -453,3 +453,54 @@ async fn put_immutable_file_links_on_one_filesystem_and_copies_otherwise() {
         eprintln!("no second filesystem at /dev/shm: the cross-filesystem copy is not exercised");
     }
 }
+
+/// A `file://` repository copies files at or above the multipart threshold
+/// itself (read, hash, write through one buffer, fsync, rename): every
+/// size stores under its own hash, a second put finds it, a wrong-size
+/// blob in the way is replaced, and no staging file is left behind.
+#[tokio::test]
+async fn a_local_repository_copies_large_files_without_staging_leftovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("repo");
+    let url = format!("file://{}", root.display());
+    let repo = Repository::init(&url, Default::default())
+        .await
+        .unwrap()
+        .with_transfer(transfer());
+    let t = 64 << 10;
+    for (i, len) in [t, t + 1, 3 * t + 17, (1 << 20) * 2 + 5]
+        .into_iter()
+        .enumerate()
+    {
+        let data = bytes(len, 40 + i as u8);
+        let path = dir.path().join(format!("big{i}"));
+        std::fs::write(&path, &data).unwrap();
+        let out = repo.put_blob_file(&sk(), &path).await.unwrap();
+        assert!(out.uploaded, "len={len}");
+        assert_eq!(
+            out.blob.hash,
+            statesnap::repo::BlobHash::of(&data),
+            "len={len}"
+        );
+        assert_eq!(repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(), data);
+        assert!(!repo.put_blob_file(&sk(), &path).await.unwrap().uploaded);
+    }
+    // A damaged (short) blob under the hash of a new file: replaced.
+    let data = bytes(2 * t, 99);
+    let hash = statesnap::repo::BlobHash::of(&data);
+    let key = statesnap::repo::paths::blob(&sk(), &hash);
+    let stored = root.join(key.as_ref());
+    std::fs::create_dir_all(stored.parent().unwrap()).unwrap();
+    std::fs::write(&stored, b"short").unwrap();
+    let path = dir.path().join("replaced");
+    std::fs::write(&path, &data).unwrap();
+    let out = repo.put_blob_file(&sk(), &path).await.unwrap();
+    assert!(out.uploaded);
+    assert_eq!(std::fs::read(&stored).unwrap(), data);
+
+    let staging = root.join(format!("stores/{}/tmp", sk()));
+    let left: Vec<_> = std::fs::read_dir(&staging)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "staging leftovers: {left:?}");
+}

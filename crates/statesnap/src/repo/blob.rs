@@ -17,6 +17,14 @@
 //!   which case the staging object is just deleted. Staging objects of a
 //!   crashed writer are removed by gc once older than its grace period.
 //!   (S3's single-request copy is limited to 5 GiB per object.)
+//!   A `file://` repository (without a bandwidth limit) does the same
+//!   with plain system calls on one blocking thread: read, hash and write
+//!   through one 1 MiB buffer to the staging path, fsync, rename, fsync
+//!   the directory. Memory stays at the buffer, where multipart parts
+//!   would hold up to `parallelism` × `part_size` per file;
+//! * **immutable** files (RocksDB's SSTs, [`Repository::put_immutable_file`])
+//!   may be hard-linked into a local repository instead
+//!   ([`TransferOptions::link_immutable_files`]).
 //!
 //! Blobs are written with `PutMode::Overwrite`: the content is identical by
 //! construction, so a racing second writer is harmless.
@@ -208,10 +216,21 @@ impl Repository {
                 ));
             }
             Ok(Ok((hash, bytes))) => self.put_small(sk, hash, bytes).await,
-            Ok(Err(file)) => {
-                self.put_blob_reader(sk, tokio::fs::File::from_std(file))
-                    .await
-            }
+            Ok(Err(file)) => match self.local.clone().filter(|_| self.limit.is_none()) {
+                // A local repository copies a large file itself: one
+                // blocking thread reads, hashes and writes it through one
+                // buffer, instead of multipart parts held in memory.
+                Some(local) => {
+                    let (sk_c, staging) = (sk.clone(), paths::staging(sk, self.new_ulid()));
+                    blocking_io(move || copy_blob(&local, &sk_c, file, &staging))
+                        .await
+                        .map_err(|e| Error::io("cannot copy file into the repository", e))
+                }
+                None => {
+                    self.put_blob_reader(sk, tokio::fs::File::from_std(file))
+                        .await
+                }
+            },
         };
         put.map_err(|e| {
             if e.kind() == ErrorKind::Io || e.kind() == ErrorKind::Corrupt {
@@ -965,11 +984,7 @@ fn link_blob(
     let Some(dir) = dest.parent() else {
         return Ok(None);
     };
-    let mut created = None;
-    if !dir.is_dir() {
-        created = first_missing_ancestor(dir);
-        std::fs::create_dir_all(dir)?;
-    }
+    let created = create_dirs(dir)?;
     match std::fs::hard_link(src, &dest) {
         Ok(()) => {}
         // A racing writer stored it first: same hash, same bytes.
@@ -988,9 +1003,111 @@ fn link_blob(
             return Ok(None);
         }
     }
+    sync_dirs(dir, created.as_deref())?;
+    Ok(Some(PutOutcome {
+        blob,
+        uploaded: true,
+    }))
+}
+
+/// A local repository's copy of a large file (`file`, read from its start)
+/// to blob `sk`'s staging path `staging`, then, named by its hash, into the
+/// blob space: read, hashed and written through one buffer; fsynced before
+/// the rename; its directory fsynced after. A blob of that hash and size
+/// already there is kept and the copy removed.
+fn copy_blob(
+    local: &object_store::local::LocalFileSystem,
+    sk: &StoreKey,
+    mut file: std::fs::File,
+    staging: &Path,
+) -> std::io::Result<PutOutcome> {
+    use std::io::{Read, Write};
+    let tmp = local
+        .path_to_filesystem(staging)
+        .map_err(std::io::Error::other)?;
+    if let Some(dir) = tmp.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let copied = (|| {
+        let mut out = std::fs::File::create_new(&tmp)?;
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; COPY_BUF];
+        let mut size = 0u64;
+        loop {
+            let n = match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n])?;
+            size += n as u64;
+        }
+        let blob = BlobRef {
+            hash: BlobHash::from(hasher.finalize()),
+            size,
+        };
+        let dest = local
+            .path_to_filesystem(&paths::blob(sk, &blob.hash))
+            .map_err(std::io::Error::other)?;
+        if std::fs::metadata(&dest).is_ok_and(|m| m.len() == size) {
+            return Ok((blob, None));
+        }
+        out.sync_all()?;
+        Ok((blob, Some(dest)))
+    })();
+    let (blob, dest) = match copied {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    let Some(dest) = dest else {
+        std::fs::remove_file(&tmp)?;
+        return Ok(PutOutcome {
+            blob,
+            uploaded: false,
+        });
+    };
+    let published = (|| {
+        let dir = dest
+            .parent()
+            .ok_or_else(|| std::io::Error::other("blob path has no directory"))?;
+        let created = create_dirs(dir)?;
+        std::fs::rename(&tmp, &dest)?;
+        sync_dirs(dir, created.as_deref())
+    })();
+    if let Err(e) = published {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(PutOutcome {
+        blob,
+        uploaded: true,
+    })
+}
+
+/// The buffer a local copy reads and writes through.
+const COPY_BUF: usize = 1 << 20;
+
+/// Creates `dir` and its missing ancestors; returns the highest one it
+/// created, for [`sync_dirs`].
+fn create_dirs(dir: &std::path::Path) -> std::io::Result<Option<std::path::PathBuf>> {
+    if dir.is_dir() {
+        return Ok(None);
+    }
+    let created = first_missing_ancestor(dir);
+    std::fs::create_dir_all(dir)?;
+    Ok(created)
+}
+
+/// Makes a new entry in `dir` durable: fsyncs `dir`, then, for the
+/// directories made for it (up to `created`, from [`create_dirs`]), each
+/// one's entry in its parent.
+fn sync_dirs(dir: &std::path::Path, created: Option<&std::path::Path>) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()?;
-    // The entries of the directories made for it, each in its parent, up
-    // to the one that existed.
     if let Some(top) = created {
         let mut d = dir;
         while let Some(parent) = d.parent() {
@@ -1001,10 +1118,7 @@ fn link_blob(
             d = parent;
         }
     }
-    Ok(Some(PutOutcome {
-        blob,
-        uploaded: true,
-    }))
+    Ok(())
 }
 
 /// The highest directory of `dir`'s path that does not exist yet.
