@@ -947,7 +947,12 @@ fn bench_quick_writes_markdown_json_and_a_chart() {
             < b["full_bytes"]["ours"].as_f64().unwrap(),
         "an incremental snapshot uploads less than the full one: {b}"
     );
-    for k in ["full_linked_secs", "incremental_linked_secs"] {
+    for k in [
+        "full_linked_secs",
+        "incremental_linked_secs",
+        "incremental_unsynced_secs",
+        "incremental_linked_unsynced_secs",
+    ] {
         assert!(b[k]["ours"].as_f64().unwrap() > 0.0, "{k}: {b}");
         assert!(b[k]["theirs"].as_f64().unwrap() > 0.0, "{k}: {b}");
     }

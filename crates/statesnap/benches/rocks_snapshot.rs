@@ -61,6 +61,12 @@ fn main() {
             "<= 1.0x",
         ),
         (
+            "incremental, the log's tail unsynced (FsyncPolicy::Never)".into(),
+            c.incremental_unsynced_secs,
+            "s",
+            "(info)",
+        ),
+        (
             "full snapshot time, SSTs hard-linked (local repository)".into(),
             c.full_linked_secs,
             "s",
@@ -69,6 +75,12 @@ fn main() {
         (
             "incremental snapshot time, SSTs hard-linked".into(),
             c.incremental_linked_secs,
+            "s",
+            "(info)",
+        ),
+        (
+            "incremental, SSTs hard-linked, the log unsynced".into(),
+            c.incremental_linked_unsynced_secs,
             "s",
             "(info)",
         ),
