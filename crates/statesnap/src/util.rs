@@ -128,6 +128,17 @@ pub(crate) fn read_at(file: &std::fs::File, buf: &mut [u8], pos: u64) -> std::io
     }
 }
 
+/// fsyncs directory `dir`, so that the entries created, renamed or removed
+/// in it survive a crash. (Only Unix can open a directory to sync it; on
+/// other platforms this does nothing.)
+pub(crate) fn sync_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    std::fs::File::open(dir)?.sync_all()?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::drain_bounded;

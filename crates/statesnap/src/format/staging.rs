@@ -134,9 +134,7 @@ pub(crate) fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
 }
 
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| io_err("fsync directory", dir, e))
+    crate::util::sync_dir(dir).map_err(|e| io_err("fsync directory", dir, e))
 }
 
 /// Removes a file or a directory tree; a missing path is fine.

@@ -946,7 +946,6 @@ fn copy_hashed(
     Ok(done)
 }
 
-/// Runs blocking file I/O off the async threads.
 /// [`Repository::put_immutable_file`]'s link, on a blocking thread: the
 /// outcome, or `None` when the file must be copied instead.
 fn link_blob(
@@ -1107,11 +1106,11 @@ fn create_dirs(dir: &std::path::Path) -> std::io::Result<Option<std::path::PathB
 /// directories made for it (up to `created`, from [`create_dirs`]), each
 /// one's entry in its parent.
 fn sync_dirs(dir: &std::path::Path, created: Option<&std::path::Path>) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()?;
+    crate::util::sync_dir(dir)?;
     if let Some(top) = created {
         let mut d = dir;
         while let Some(parent) = d.parent() {
-            std::fs::File::open(parent)?.sync_all()?;
+            crate::util::sync_dir(parent)?;
             if d == top {
                 break;
             }
@@ -1132,6 +1131,7 @@ fn first_missing_ancestor(dir: &std::path::Path) -> Option<std::path::PathBuf> {
     top
 }
 
+/// Runs blocking file I/O off the async threads.
 async fn blocking_io<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::{Error, Result};
+use crate::util::sync_dir;
 
 /// The name prefix of the marker files (the rest is a unique id, so a sync
 /// only ever removes the marker it was started for).
@@ -120,10 +121,6 @@ pub(crate) fn check(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Whether `dir` holds any marker (of any boot).
 pub(crate) fn is_marked(dir: &Path) -> Result<bool> {
     Ok(!markers(dir)?.0.is_empty())
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// fsyncs every file under `dir` (recursively) and every directory, then

@@ -1,7 +1,7 @@
 //! The metadata file `changelog.json`: format version, changelog id, lineage,
 //! tombstone horizon and epoch history, always replaced atomically.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
 
@@ -182,25 +182,13 @@ pub(crate) fn write(dir: &Path, meta: &Meta) -> Result<()> {
 /// Fsyncs a directory so that creations, renames and deletions in it survive
 /// a crash.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        let d = File::open(dir).map_err(|e| {
-            Error::io(
-                format!("cannot open changelog directory path=`{}`", dir.display()),
-                e,
-            )
-        })?;
-        // Durability: persists the directory entries (new, renamed, removed files).
-        d.sync_all().map_err(|e| {
-            Error::io(
-                format!("cannot fsync changelog directory path=`{}`", dir.display()),
-                e,
-            )
-        })?;
-    }
-    #[cfg(not(unix))]
-    let _ = dir; // Directories cannot be fsynced portably elsewhere.
-    Ok(())
+    // Durability: persists the directory entries (new, renamed, removed files).
+    crate::util::sync_dir(dir).map_err(|e| {
+        Error::io(
+            format!("cannot fsync changelog directory path=`{}`", dir.display()),
+            e,
+        )
+    })
 }
 
 #[cfg(test)]
