@@ -194,10 +194,10 @@ where
             Ok(())
         })();
         drop(rx);
-        let reader = feeder
-            .join()
-            .map_err(|_| Error::internal("changelog read thread panicked"))?;
-        applied.map(|()| reader)
+        let joined = feeder.join();
+        // The store's own error first: it says what to do about the store.
+        applied?;
+        joined.map_err(|_| Error::internal("changelog read thread panicked"))
     })?;
     // Compaction runs while we read: a tombstone that was young enough when
     // the replay started may have been purged before the reader reached it.
@@ -505,32 +505,43 @@ mod tests {
         assert_eq!(contents(&inner), model_of(&records));
     }
 
+    /// What a [`Troubled`] reader does after its good batches.
+    #[derive(Clone, Copy, Debug)]
+    enum Trouble {
+        Error,
+        Disorder,
+        Panic,
+    }
+
     /// A changelog over a file log whose readers hand out `batches` good
-    /// batches, then `then` (an error, or records out of order).
+    /// batches, then get into `trouble`.
     struct Troubled {
         log: FileChangelog,
         batches: usize,
-        out_of_order: bool,
+        trouble: Trouble,
     }
 
     struct TroubledReader<'a> {
         inner: Box<dyn ChangelogReader + 'a>,
         left: usize,
-        out_of_order: bool,
+        trouble: Trouble,
     }
 
     impl ChangelogReader for TroubledReader<'_> {
         fn next_batch(&mut self, max: usize) -> Result<Option<Vec<LoggedRecord>>> {
-            if self.left == 0 {
-                if self.out_of_order {
+            if self.left > 0 {
+                self.left -= 1;
+                return self.inner.next_batch(max);
+            }
+            match self.trouble {
+                Trouble::Error => Err(Error::new(ErrorKind::Transient, "broker gone")),
+                Trouble::Disorder => {
                     let mut b = self.inner.next_batch(max)?.unwrap_or_default();
                     b.reverse();
-                    return Ok(Some(b));
+                    Ok(Some(b))
                 }
-                return Err(Error::new(ErrorKind::Transient, "broker gone"));
+                Trouble::Panic => panic!("a reader's bug"),
             }
-            self.left -= 1;
-            self.inner.next_batch(max)
         }
         fn end_offset(&self) -> u64 {
             self.inner.end_offset()
@@ -548,7 +559,7 @@ mod tests {
             Ok(Box::new(TroubledReader {
                 inner: self.log.read_from(from)?,
                 left: self.batches,
-                out_of_order: self.out_of_order,
+                trouble: self.trouble,
             }))
         }
         fn start_offset(&self) -> Result<u64> {
@@ -568,25 +579,26 @@ mod tests {
         }
     }
 
-    /// A reader's error, and records out of order, reach the caller with
-    /// their kind; the batches before them are applied.
+    /// A reader's error, records out of order, and a reader that panics
+    /// end the replay with an error of their kind (never as if the log had
+    /// ended); the batches before them are applied.
     #[test]
-    fn reader_errors_and_disorder_end_the_replay_after_the_good_batches() {
-        for out_of_order in [false, true] {
+    fn reader_trouble_ends_the_replay_after_the_good_batches() {
+        for trouble in [Trouble::Error, Trouble::Disorder, Trouble::Panic] {
             let dir = tempfile::tempdir().unwrap();
             let (log, records) = log_with(dir.path(), 3_000, 13);
             let log = Troubled {
                 log,
                 batches: 2,
-                out_of_order,
+                trouble,
             };
             let mut store = MemoryStore::new();
             let opts = ReplayOptions { batch_size: 500 };
             let err = replay(&mut store, &log, &opts, &mut |_| {}).unwrap_err();
-            let want = if out_of_order {
-                ErrorKind::Corrupt
-            } else {
-                ErrorKind::Transient
+            let want = match trouble {
+                Trouble::Error => ErrorKind::Transient,
+                Trouble::Disorder => ErrorKind::Corrupt,
+                Trouble::Panic => ErrorKind::Internal,
             };
             assert_eq!(err.kind(), want, "{err}");
             assert_eq!(store.applied_offset().unwrap(), Some(999));
