@@ -325,23 +325,7 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
     drop(store);
 
     // Delete the parent and collect garbage (grace ~0, injected clock).
-    rt.block_on(repo.delete_snapshot(&sk(), parent.snapshot_id))
-        .unwrap();
-    let gc_repo = repo
-        .clone()
-        .with_max_commit_duration(Duration::from_millis(1));
-    let gc = GcOptions {
-        grace: Duration::from_millis(2),
-        ..GcOptions::default()
-    };
-    let mut deleted = 0;
-    for _ in 0..3 {
-        clock.advance_ms(60_000);
-        deleted += rt
-            .block_on(gc_repo.gc_store(&sk(), &gc))
-            .unwrap()
-            .bytes_deleted;
-    }
+    let (_, deleted) = drop_and_collect(&rt, &repo, &clock, &parent);
     // Exactly the parent's blobs the child does not name (its MANIFEST
     // travelled inline, so that is the SSTs the child no longer has, if any).
     let child_hashes: BTreeSet<_> = child.files.iter().map(|f| f.blake3).collect();
@@ -361,6 +345,34 @@ fn incremental_snapshot_uploads_only_new_files_and_survives_parent_gc() {
         .block_on(restore_snapshot(&format, &child, &repo, &target))
         .unwrap();
     assert_eq!(contents(&restored), model);
+}
+
+/// Deletes snapshot `m`, then runs gc three times a minute apart (grace
+/// ~0, injected clock), so what only `m` named is condemned and swept;
+/// returns the blobs and bytes deleted.
+fn drop_and_collect(
+    rt: &tokio::runtime::Runtime,
+    repo: &Repository,
+    clock: &ManualClock,
+    m: &Manifest,
+) -> (usize, u64) {
+    rt.block_on(repo.delete_snapshot(&sk(), m.snapshot_id))
+        .unwrap();
+    let gc_repo = repo
+        .clone()
+        .with_max_commit_duration(Duration::from_millis(1));
+    let gc = GcOptions {
+        grace: Duration::from_millis(2),
+        ..GcOptions::default()
+    };
+    let (mut blobs, mut bytes) = (0, 0);
+    for _ in 0..3 {
+        clock.advance_ms(60_000);
+        let r = rt.block_on(gc_repo.gc_store(&sk(), &gc)).unwrap();
+        blobs += r.blobs_deleted.len();
+        bytes += r.bytes_deleted;
+    }
+    (blobs, bytes)
 }
 
 // ---------------------------------------------------------------- corruption
@@ -1395,24 +1407,7 @@ fn linked_ssts_are_the_store_s_files_and_outlive_them() {
         assert_eq!(&contents(&restored), want, "snapshot {}", m.snapshot_id);
     }
 
-    rt.block_on(repo.delete_snapshot(&sk(), first.snapshot_id))
-        .unwrap();
-    let gc_repo = repo
-        .clone()
-        .with_max_commit_duration(Duration::from_millis(1));
-    let gc = GcOptions {
-        grace: Duration::from_millis(2),
-        ..GcOptions::default()
-    };
-    let mut deleted = 0;
-    for _ in 0..3 {
-        clock.advance_ms(60_000);
-        deleted += rt
-            .block_on(gc_repo.gc_store(&sk(), &gc))
-            .unwrap()
-            .blobs_deleted
-            .len();
-    }
+    let (deleted, _) = drop_and_collect(&rt, &repo, &clock, &first);
     assert!(deleted > 0, "the first snapshot's SSTs are swept");
     let (restored, _) = rt
         .block_on(restore_snapshot(
