@@ -145,17 +145,13 @@ impl StateStore for MemoryStore {
         // Both the data and the offset live in this value: one `&mut self`
         // update, so no reader or cut can see one without the other.
         //
-        // Large batches (replay) are applied in key order: consecutive
-        // inserts then walk mostly the same path of the tree, whose nodes
-        // and keys are still in cache, instead of a random one each. The
-        // sort is stable, so each key's records keep their order, and of a
-        // run of records for one key only the last decides the result (the
-        // others would be overwritten or deleted within this same update);
-        // records of different keys commute. The result is the same.
-        //
-        // Replay hands over its batches ordered already (by another thread,
-        // `replay::last_write_per_key`): a strictly ascending batch is
-        // taken as it is.
+        // Large batches are applied in key order, one record per key
+        // (`replay::last_write_per_key`, which says why the result is the
+        // same): consecutive inserts then walk mostly the same path of the
+        // tree, whose nodes and keys are still in cache, instead of a
+        // random one each. Replay hands over its batches ordered already
+        // (by another thread): a strictly ascending batch is taken as it
+        // is.
         let mut order: Vec<&Record>;
         let records: &mut dyn Iterator<Item = &Record> = if batch.len() >= SORTED_APPLY_MIN
             && !batch
@@ -163,15 +159,7 @@ impl StateStore for MemoryStore {
                 .all(|w| cmp_bytes(&w[0].key, &w[1].key).is_lt())
         {
             order = batch.iter().collect();
-            order.sort_by(|a, b| cmp_bytes(&a.key, &b.key));
-            order.dedup_by(|later, earlier| {
-                let same = later.key == earlier.key;
-                if same {
-                    // `dedup_by` keeps the first of a run: keep the last.
-                    std::mem::swap(later, earlier);
-                }
-                same
-            });
+            super::replay::last_write_per_key(&mut order);
             &mut order.into_iter()
         } else {
             &mut batch.iter()

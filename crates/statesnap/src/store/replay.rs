@@ -319,11 +319,11 @@ const ORDER_BATCHES_OF: usize = 256;
 /// different keys commute. Stores gain from it: a tree's consecutive
 /// updates walk mostly the same path, and overwritten values are never
 /// written.
-pub(crate) fn last_write_per_key(records: &mut Vec<Record>) {
+pub(crate) fn last_write_per_key<R: std::borrow::Borrow<Record>>(records: &mut Vec<R>) {
     // Stable: each key's records keep their order.
-    records.sort_by(|a, b| super::slot::cmp_bytes(&a.key, &b.key));
+    records.sort_by(|a, b| super::slot::cmp_bytes(&a.borrow().key, &b.borrow().key));
     records.dedup_by(|later, earlier| {
-        let same = later.key == earlier.key;
+        let same = later.borrow().key == earlier.borrow().key;
         if same {
             // `dedup_by` keeps the first of a run: keep the last.
             std::mem::swap(later, earlier);
