@@ -380,9 +380,29 @@ async fn put_immutable_file_links_on_one_filesystem_and_copies_otherwise() {
     let src = dir.path().join("000042.sst");
     let data = bytes(100_000, 7);
     std::fs::write(&src, &data).unwrap();
+    // Written two days ago: the blob must still look new to gc.
+    let two_days_ago = std::time::UNIX_EPOCH
+        + std::time::Duration::from_millis((SystemClock.now_ms() - 2 * 86_400_000) as u64);
+    std::fs::File::options()
+        .write(true)
+        .open(&src)
+        .unwrap()
+        .set_modified(two_days_ago)
+        .unwrap();
 
     let out = repo.put_immutable_file(&sk(), &src).await.unwrap();
     assert!(out.uploaded);
+    let age = SystemClock.now_ms()
+        - repo
+            .head_blob(&sk(), &out.blob.hash)
+            .await
+            .unwrap()
+            .unwrap()
+            .last_modified_ms;
+    assert!(
+        (0..60_000).contains(&age),
+        "the link's mtime is {age} ms old"
+    );
     assert_eq!(out.blob.hash, statesnap::repo::BlobHash::of(&data));
     let (s, b) = (
         std::fs::metadata(&src).unwrap(),

@@ -67,8 +67,10 @@ pub struct TransferOptions {
     /// copies, when they are on the same filesystem
     /// ([`Repository::put_immutable_file`]). Default `false`.
     ///
-    /// A link writes no data: a new SST costs a hash and an fsync of a
-    /// directory, not a copy and an fsync of its bytes. The price is that
+    /// A link writes no data: a new SST costs a hash, an fsync of a file
+    /// its writer already synced, and an fsync of a directory, not a copy
+    /// and an fsync of its bytes. The link gets a fresh modification time
+    /// (the live SST's too), as a copy would. The price is that
     /// the snapshot and the live store share those files' blocks: damage to
     /// one (a disk error, a tool writing into the file) is damage to both,
     /// where a copy would keep one good. Restore still verifies every byte,
@@ -271,7 +273,9 @@ impl Repository {
             return self.put_blob_file(sk, path).await;
         };
         let (src, sk_c) = (path.to_owned(), sk.clone());
-        let linked = blocking_io(move || link_blob(&local, &sk_c, &src)).await;
+        let now = std::time::UNIX_EPOCH
+            + std::time::Duration::from_millis(u64::try_from(self.clock.now_ms()).unwrap_or(0));
+        let linked = blocking_io(move || link_blob(&local, &sk_c, &src, now)).await;
         match linked {
             Ok(Some(out)) => Ok(out),
             Ok(None) => self.put_blob_file(sk, path).await,
@@ -952,8 +956,13 @@ fn link_blob(
     local: &object_store::local::LocalFileSystem,
     sk: &StoreKey,
     src: &std::path::Path,
+    now: std::time::SystemTime,
 ) -> std::io::Result<Option<PutOutcome>> {
     use std::io::ErrorKind as K;
+    // Checking that the name links the hashed file takes inode numbers.
+    if cfg!(not(unix)) {
+        return Ok(None);
+    }
     let mut file = std::fs::File::open(src)?;
     let mut hasher = blake3::Hasher::new();
     let size = std::io::copy(&mut file, &mut hasher)?;
@@ -964,6 +973,8 @@ fn link_blob(
     let Ok(dest) = local.path_to_filesystem(&paths::blob(sk, &blob.hash)) else {
         return Ok(None);
     };
+    #[cfg(unix)]
+    let hashed = file.metadata()?;
     match std::fs::metadata(&dest) {
         Ok(m) if m.len() == size => {
             return Ok(Some(PutOutcome {
@@ -975,6 +986,14 @@ fn link_blob(
         Ok(_) => return Ok(None),
         Err(e) if e.kind() == K::NotFound => {}
         Err(e) => return Err(e),
+    }
+    // A fresh modification time (`now`, the repository's clock, which gc
+    // reads too), as a copy would have: gc condemns only blobs older than
+    // its grace period, and an SST may be hours old. (It is the live
+    // file's time too; RocksDB keeps an SST's age in its properties, not in
+    // its mtime.) A file whose time cannot be set is copied instead.
+    if file.set_modified(now).is_err() {
+        return Ok(None);
     }
     // The blob is durable once its name is: the data first (a no-op when
     // the file's writer synced it, as RocksDB does its SSTs), then the
@@ -999,6 +1018,17 @@ fn link_blob(
         // filesystem without them): copy.
         Err(e) => {
             tracing::debug!(path = %src.display(), error = %e, "hard link refused, copying");
+            return Ok(None);
+        }
+    }
+    // The name must be the file that was hashed: a source path replaced
+    // between the hash and the link is undone and copied instead.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let linked = std::fs::metadata(&dest)?;
+        if (linked.dev(), linked.ino()) != (hashed.dev(), hashed.ino()) {
+            std::fs::remove_file(&dest)?;
             return Ok(None);
         }
     }
@@ -1064,7 +1094,8 @@ fn copy_blob(
         }
     };
     let Some(dest) = dest else {
-        std::fs::remove_file(&tmp)?;
+        // The blob is there already; a leftover copy is gc's to remove.
+        let _ = std::fs::remove_file(&tmp);
         return Ok(PutOutcome {
             blob,
             uploaded: false,

@@ -220,7 +220,8 @@ impl StateStore for MemoryStore {
 }
 
 /// Batches of at least this many records are applied in key order.
-const SORTED_APPLY_MIN: usize = 256;
+/// (Replay's threshold, so the batches it orders are the ones this would.)
+const SORTED_APPLY_MIN: usize = super::replay::ORDER_BATCHES_OF;
 
 #[cfg(test)]
 mod tests {

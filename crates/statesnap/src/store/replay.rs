@@ -30,7 +30,8 @@ impl Default for ReplayOptions {
 /// Progress reported after each applied batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayProgress {
-    /// Records applied so far.
+    /// Records read from the log and applied so far (within a batch, the
+    /// store receives only the last record of each key).
     pub records: u64,
     /// Key + value bytes applied so far.
     pub bytes: u64,
@@ -47,7 +48,8 @@ pub struct ReplayReport {
     pub from_offset: u64,
     /// End offset (exclusive) of the changelog when replay started.
     pub end_offset: u64,
-    /// Records applied.
+    /// Records read from the log and applied (within a batch, the store
+    /// receives only the last record of each key).
     pub records: u64,
     /// Key + value bytes applied.
     pub bytes: u64,
@@ -173,7 +175,10 @@ where
     let id = changelog.id();
     let reader = std::thread::scope(|scope| -> Result<Box<dyn ChangelogReader + '_>> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(1);
-        let feeder = scope.spawn(move || feed(reader, id, batch_size, from, stop, &tx));
+        let feeder = std::thread::Builder::new()
+            .name("statesnap-replay-read".into())
+            .spawn_scoped(scope, move || feed(reader, id, batch_size, from, stop, &tx))
+            .map_err(|e| Error::io("cannot start the replay's reading thread", e))?;
         // Stops at the first error either side: dropping `rx` ends the
         // feeder's next send, an error from the feeder ends the loop.
         let applied: Result<()> = (|| {
@@ -197,7 +202,17 @@ where
         let joined = feeder.join();
         // The store's own error first: it says what to do about the store.
         applied?;
-        joined.map_err(|_| Error::internal("changelog read thread panicked"))
+        joined.map_err(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Error::internal(format!(
+                "the replay's reading thread panicked changelog=`{id}` panic=`{}`",
+                what.escape_debug()
+            ))
+        })
     })?;
     // Compaction runs while we read: a tombstone that was young enough when
     // the replay started may have been purged before the reader reached it.
@@ -311,7 +326,7 @@ fn feed<'a>(
 
 /// Batches of at least this many records are handed to the store in key
 /// order, one record per key.
-const ORDER_BATCHES_OF: usize = 256;
+pub(crate) const ORDER_BATCHES_OF: usize = 256;
 
 /// Reorders `records` by key (byte order) and keeps only the last record
 /// of each key. Applied as one atomic batch, the result is the same: of a
