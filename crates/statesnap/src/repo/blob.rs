@@ -19,7 +19,7 @@
 //!   (S3's single-request copy is limited to 5 GiB per object.)
 //!   A `file://` repository (without a bandwidth limit) does the same
 //!   with plain system calls on one blocking thread: read, hash and write
-//!   through one 1 MiB buffer to the staging path, fsync, rename, fsync
+//!   through one 256 KiB buffer to the staging path, fsync, rename, fsync
 //!   the directory. Memory stays at the buffer, where multipart parts
 //!   would hold up to `parallelism` × `part_size` per file;
 //! * **immutable** files (RocksDB's SSTs, [`Repository::put_immutable_file`])
@@ -224,7 +224,12 @@ impl Repository {
                 // buffer, instead of multipart parts held in memory.
                 Some(local) => {
                     let (sk_c, staging) = (sk.clone(), paths::staging(sk, self.new_ulid()));
-                    blocking_io(move || copy_blob(&local, &sk_c, file, &staging))
+                    let src = LocalFile {
+                        file,
+                        path: path.to_owned(),
+                        start: 0,
+                    };
+                    blocking_io(move || copy_blob(&local, &sk_c, &src, &staging))
                         .await
                         .map_err(|e| Error::io("cannot copy file into the repository", e))
                 }
@@ -1039,18 +1044,18 @@ fn link_blob(
     }))
 }
 
-/// A local repository's copy of a large file (`file`, read from its start)
+/// A local repository's copy of a large file (`src`, read from its start)
 /// to blob `sk`'s staging path `staging`, then, named by its hash, into the
-/// blob space: read, hashed and written through one buffer; fsynced before
+/// blob space: read, hashed and written through one buffer
+/// ([`copy_hashed`], as a restore copies a local blob out); fsynced before
 /// the rename; its directory fsynced after. A blob of that hash and size
 /// already there is kept and the copy removed.
 fn copy_blob(
     local: &object_store::local::LocalFileSystem,
     sk: &StoreKey,
-    mut file: std::fs::File,
+    src: &LocalFile,
     staging: &Path,
 ) -> std::io::Result<PutOutcome> {
-    use std::io::{Read, Write};
     let tmp = local
         .path_to_filesystem(staging)
         .map_err(std::io::Error::other)?;
@@ -1058,21 +1063,12 @@ fn copy_blob(
         std::fs::create_dir_all(dir)?;
     }
     let copied = (|| {
-        let mut out = std::fs::File::create_new(&tmp)?;
+        let out = std::fs::File::create_new(&tmp)?;
         let mut hasher = blake3::Hasher::new();
-        let mut buf = vec![0u8; COPY_BUF];
-        let mut size = 0u64;
-        loop {
-            let n = match file.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            hasher.update(&buf[..n]);
-            out.write_all(&buf[..n])?;
-            size += n as u64;
-        }
+        let size = match copy_hashed(src, u64::MAX, &mut hasher, &out, 0, None) {
+            Ok(n) => n,
+            Err(CopyError::Read(e) | CopyError::Write(e)) => return Err(e),
+        };
         let blob = BlobRef {
             hash: BlobHash::from(hasher.finalize()),
             size,
@@ -1118,9 +1114,6 @@ fn copy_blob(
         uploaded: true,
     })
 }
-
-/// The buffer a local copy reads and writes through.
-const COPY_BUF: usize = 1 << 20;
 
 /// Creates `dir` and its missing ancestors; returns the highest one it
 /// created, for [`sync_dirs`].
