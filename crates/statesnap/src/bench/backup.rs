@@ -357,50 +357,26 @@ pub async fn rocks_vs_backup_engine(
         remove(&dir.join(p))?;
     }
     let secs = |d: Duration| d.as_secs_f64();
-    let restore = secs(median(ours));
+    let restore = median(ours);
     Ok(BackupComparison {
         keys,
         store_bytes,
-        full_secs: Pair {
-            ours: secs(ours_full),
-            theirs: secs(be_full),
-        },
+        full_secs: Pair::secs(ours_full, be_full),
         full_bytes: Pair {
             ours: full.stats.bytes_uploaded as f64,
             theirs: be_full_bytes as f64,
         },
-        incremental_secs: Pair {
-            ours: secs(synced[0]),
-            theirs: secs(synced[1]),
-        },
-        incremental_unsynced_secs: Pair {
-            ours: secs(unsynced[0]),
-            theirs: secs(unsynced[1]),
-        },
+        incremental_secs: Pair::secs(synced[0], synced[1]),
+        incremental_unsynced_secs: Pair::secs(unsynced[0], unsynced[1]),
         incremental_bytes: Pair {
             ours: first.stats.bytes_uploaded as f64,
             theirs: be_inc_bytes as f64,
         },
-        full_linked_secs: Pair {
-            ours: secs(linked_full),
-            theirs: secs(be_full),
-        },
-        incremental_linked_secs: Pair {
-            ours: secs(synced[2]),
-            theirs: secs(synced[1]),
-        },
-        incremental_linked_unsynced_secs: Pair {
-            ours: secs(unsynced[2]),
-            theirs: secs(unsynced[1]),
-        },
-        restore_secs: Pair {
-            ours: restore,
-            theirs: secs(median(theirs)),
-        },
-        restore_vs_cp_secs: Pair {
-            ours: restore,
-            theirs: secs(median(cp)),
-        },
+        full_linked_secs: Pair::secs(linked_full, be_full),
+        incremental_linked_secs: Pair::secs(synced[2], synced[1]),
+        incremental_linked_unsynced_secs: Pair::secs(unsynced[2], unsynced[1]),
+        restore_secs: Pair::secs(restore, median(theirs)),
+        restore_vs_cp_secs: Pair::secs(restore, median(cp)),
         cp_nosync_secs: secs(median(cp_nosync)),
         restore_durable_secs: secs(median(durable)),
         restored_bytes,

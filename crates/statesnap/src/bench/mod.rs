@@ -51,6 +51,14 @@ pub struct Pair {
 }
 
 impl Pair {
+    /// Two durations, in seconds.
+    pub fn secs(ours: Duration, theirs: Duration) -> Pair {
+        Pair {
+            ours: ours.as_secs_f64(),
+            theirs: theirs.as_secs_f64(),
+        }
+    }
+
     /// `ours / theirs` (below 1: statesnap needs less).
     pub fn ratio(&self) -> f64 {
         self.ours / self.theirs
