@@ -143,12 +143,12 @@ fn unknown_metadata_version_is_a_config_error_naming_both_versions() {
     let meta = dir.path().join("changelog.json");
     let text = fs::read_to_string(&meta)
         .unwrap()
-        .replace("\"format_version\": 2", "\"format_version\": 7");
+        .replace("\"format_version\": 3", "\"format_version\": 7");
     fs::write(&meta, text).unwrap();
     let err = open(dir.path(), 1 << 20).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     assert!(
-        err.message().contains("found=`7`") && err.message().contains("supported=`1..=2`"),
+        err.message().contains("found=`7`") && err.message().contains("supported=`1..=3`"),
         "{err}"
     );
 }
@@ -252,8 +252,11 @@ fn a_version_1_metadata_file_is_read_and_upgraded_by_the_next_writer() {
     assert_eq!(log.epoch_at(2).unwrap(), Some(1));
     drop(log);
     let v: serde_json::Value = serde_json::from_slice(&fs::read(&meta).unwrap()).unwrap();
-    assert_eq!(v["format_version"], 2);
+    assert_eq!(v["format_version"], 3);
     assert_eq!(epochs_on_disk(dir.path()), vec![(1, 2)]);
+    // The old version did not record what compaction examined: every
+    // record before the upgrade counts as possibly compacted.
+    assert_eq!(v["horizon"]["superseded_before"], 2);
 }
 
 #[test]

@@ -343,13 +343,25 @@ fn write_file_changelog_fixtures(out: &Path) {
     let v: serde_json::Value = serde_json::from_str(&meta).unwrap();
     let lineage = v["lineage"].as_str().unwrap();
     std::fs::write(out.join("changelog.json"), meta.replace(lineage, LINEAGE)).unwrap();
-    // Version 1 had no epoch history; nothing writes it any more.
-    let mut v1: serde_json::Value = serde_json::from_str(&meta.replace(lineage, LINEAGE)).unwrap();
+    let write_json = |name: &str, v: &serde_json::Value| {
+        let mut bytes = serde_json::to_vec_pretty(v).unwrap();
+        bytes.push(b'\n');
+        std::fs::write(out.join(name), bytes).unwrap();
+    };
+    // Version 2 did not record what compaction examined; nothing writes it
+    // any more.
+    let mut v2: serde_json::Value = serde_json::from_str(&meta.replace(lineage, LINEAGE)).unwrap();
+    v2["format_version"] = 2.into();
+    v2["horizon"]
+        .as_object_mut()
+        .unwrap()
+        .remove("superseded_before");
+    write_json("changelog_v2.json", &v2);
+    // Version 1 had no epoch history either.
+    let mut v1 = v2;
     v1["format_version"] = 1.into();
     v1.as_object_mut().unwrap().remove("epochs");
-    let mut v1 = serde_json::to_vec_pretty(&v1).unwrap();
-    v1.push(b'\n');
-    std::fs::write(out.join("changelog_v1.json"), v1).unwrap();
+    write_json("changelog_v1.json", &v1);
 }
 
 #[test]
@@ -414,8 +426,41 @@ fn segment_fixture_bit_flips_are_corrupt() {
 }
 
 #[test]
-fn changelog_v2_fixture_opens_with_its_epoch_history() {
-    let tmp = log_dir_from_fixtures("changelog.json");
+fn changelog_v3_fixture_opens_with_its_epoch_history_and_horizon() {
+    changelog_fixture_opens("changelog.json", Horizon::default());
+}
+
+#[test]
+fn changelog_v2_fixture_opens_as_compacted_up_to_its_end() {
+    // Version 2 did not record what compaction examined: the whole log is
+    // taken as possibly compacted (point-in-time reads below its end are
+    // refused), never as untouched.
+    let tmp = changelog_fixture_opens(
+        "changelog_v2.json",
+        Horizon {
+            superseded_before: 4,
+            ..Horizon::default()
+        },
+    );
+    let log =
+        FileChangelog::open(tmp.path(), changelog_id(), FileChangelogOptions::default()).unwrap();
+    log.append(&[Record::put("delta", "4")]).unwrap();
+    drop(log);
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("changelog.json")).unwrap()).unwrap();
+    assert_eq!(v["format_version"], 3);
+    assert_eq!(v["horizon"]["superseded_before"], 4, "kept by the upgrade");
+    let log = FileChangelog::open_read_only(tmp.path(), changelog_id()).unwrap();
+    assert_eq!(log.horizon().unwrap().superseded_before, 4);
+}
+
+/// Opens the log of the segment fixture with metadata fixture `meta`,
+/// read-only and as a writer, checks what it reads, and returns the
+/// directory (its metadata as the writer open left it: not rewritten).
+fn changelog_fixture_opens(meta: &str, horizon: Horizon) -> tempfile::TempDir {
+    let tmp = log_dir_from_fixtures(meta);
+    let before: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("changelog.json")).unwrap()).unwrap();
     for read_only in [true, false] {
         let log = if read_only {
             FileChangelog::open_read_only(tmp.path(), changelog_id()).unwrap()
@@ -426,13 +471,7 @@ fn changelog_v2_fixture_opens_with_its_epoch_history() {
         assert_eq!(log.is_read_only(), read_only);
         assert!(log.recovery_report().is_none(), "nothing to repair");
         assert_eq!(log.lineage().unwrap(), Lineage(LINEAGE.into()));
-        assert_eq!(
-            log.horizon().unwrap(),
-            Horizon {
-                tombstones_before: 0,
-                deleted_before: 0
-            }
-        );
+        assert_eq!(log.horizon().unwrap(), horizon);
         assert_eq!(log.start_offset().unwrap(), 0);
         assert_eq!(log.end_offset().unwrap(), 4);
         // Epoch 1 wrote 0–1; epoch 2 lost its record; epoch 3 wrote 2–3.
@@ -443,11 +482,15 @@ fn changelog_v2_fixture_opens_with_its_epoch_history() {
     }
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(tmp.path().join("changelog.json")).unwrap()).unwrap();
-    assert_eq!(v["format_version"], 2);
+    assert_eq!(
+        v, before,
+        "an open that appends nothing leaves the metadata as it was"
+    );
     assert_eq!(
         v["epochs"],
         serde_json::json!([{"epoch": 1, "start_offset": 0}, {"epoch": 3, "start_offset": 2}])
     );
+    tmp
 }
 
 #[test]
@@ -475,8 +518,12 @@ fn changelog_v1_fixture_opens_and_is_upgraded_by_the_next_append() {
     assert_eq!(log.epoch_at(4).unwrap(), Some(1));
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(tmp.path().join("changelog.json")).unwrap()).unwrap();
-    assert_eq!(v["format_version"], 2);
+    assert_eq!(v["format_version"], 3);
     assert_eq!(v["lineage"], LINEAGE);
+    assert_eq!(
+        v["horizon"]["superseded_before"], 4,
+        "a version 1 log may have been compacted up to its end"
+    );
     assert_eq!(
         v["epochs"],
         serde_json::json!([{"epoch": 1, "start_offset": 4}])
@@ -503,7 +550,12 @@ fn changelog_fixtures_belong_to_their_topic() {
 fn file_changelog_fixtures_are_current() {
     let tmp = tempfile::tempdir().unwrap();
     write_file_changelog_fixtures(tmp.path());
-    for name in [SEGMENT, "changelog.json", "changelog_v1.json"] {
+    for name in [
+        SEGMENT,
+        "changelog.json",
+        "changelog_v2.json",
+        "changelog_v1.json",
+    ] {
         let committed = std::fs::read(fixtures("file_changelog").join(name)).unwrap();
         let fresh = std::fs::read(tmp.path().join(name)).unwrap();
         assert_eq!(committed, fresh, "{name}");

@@ -6,7 +6,8 @@
 //! the file log's unsynced tail (per fsync policy); a disk that loses synced
 //! records of the log (the epoch history must then refuse every snapshot
 //! of the lost stretch); losing the local store;
-//! restores; recreating the changelog (new lineage); a second writer on the
+//! restores, of the newest state and of random points in time (exact or
+//! refused); recreating the changelog (new lineage); a second writer on the
 //! same log; compaction past the tombstone horizon. After every step it
 //! checks the live store against a model of the changelog, and at restore
 //! and verify steps that every restorable snapshot equals the model at its
@@ -402,6 +403,67 @@ where
         }
     }
 
+    /// Restores the state at a random offset (sometimes past the log's
+    /// end) into a scratch directory: it equals the model at that offset,
+    /// or is refused — `config` past the end, `stale` where compaction may
+    /// have removed what the replay up to it needs.
+    fn point_in_time(&mut self, rt: &tokio::runtime::Runtime) {
+        self.faults_off();
+        let end = self.records.len() as u64;
+        let until = if end == 0 || self.rng.chance(10) {
+            end + self.rng.below(3)
+        } else {
+            self.rng.below(end)
+        };
+        let scratch = self.dir.path().join(format!("pit-{}", self.rng.next()));
+        let log = Arc::clone(self.log());
+        let options = RestoreOptions {
+            until: Some(until),
+            ..RestoreOptions::default()
+        };
+        let result = rt.block_on(restore_store(
+            &self.format,
+            &self.repo,
+            &sk(),
+            &*log,
+            &scratch,
+            &options,
+        ));
+        match result {
+            Ok((store, report)) => {
+                assert!(
+                    until < end,
+                    "point in time {until} past the end {end} answered"
+                );
+                assert_eq!(
+                    contents(&store),
+                    state_at(&self.records, Some(until)),
+                    "point in time {until} from {:?}",
+                    report.source
+                );
+                self.trace.push(format!(
+                    "point in time {until}: from {} + {} records",
+                    report.source, report.replay.records
+                ));
+            }
+            Err(e) if until >= end => {
+                assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+                self.trace
+                    .push(format!("point in time {until}: past the end"));
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Stale, "point in time {until}: {e}");
+                let h = log.horizon().unwrap();
+                assert!(
+                    until + 1 < h.superseded_before || !h.can_resume_after(None),
+                    "point in time {until} refused on a log compaction did not overtake: {h:?} {e}"
+                );
+                self.trace.push(format!("point in time {until}: refused"));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+
     fn step(&mut self, rt: &tokio::runtime::Runtime) {
         let op = self.rng.below(100);
         match op {
@@ -437,7 +499,8 @@ where
                 self.pending.clear();
                 self.restore(rt);
             }
-            83..=87 => self.verify_snapshots(rt),
+            83..=85 => self.verify_snapshots(rt),
+            86..=87 => self.point_in_time(rt),
             88 => self.recreate_log(rt),
             89..=93 => self.second_writer(rt),
             _ => self.compact(),

@@ -207,6 +207,15 @@ pub struct Horizon {
     /// DeleteRecords), not merely compacted away: even a full replay from 0
     /// cannot rebuild the state. 0 for a log that only ever compacts.
     pub deleted_before: u64,
+    /// Records at offsets below this may have been removed by compaction
+    /// because a newer record of the same key, also below this offset,
+    /// replaced them. Replaying up to the log's end is exact whatever this
+    /// says (the newer record is replayed instead); replaying only up to an
+    /// earlier offset `o` (a point-in-time read) may miss the value a key
+    /// had at `o` when `o + 1 < superseded_before`. 0 for a log that never
+    /// compacted. See [`Horizon::exact_as_of`].
+    #[serde(default)]
+    pub superseded_before: u64,
 }
 
 impl Horizon {
@@ -222,6 +231,26 @@ impl Horizon {
             return self.deleted_before == 0;
         }
         next >= self.tombstones_before && next >= self.deleted_before
+    }
+
+    /// Whether a store that has applied everything up to and including
+    /// `applied_offset` (`None`: nothing) reaches exactly the state the log
+    /// had at offset `until` by replaying the records in
+    /// `(applied_offset, until]` (`until >= applied_offset`).
+    ///
+    /// Besides [`Horizon::can_resume_after`], this needs every record of
+    /// that range whose key was written again *after* `until` to be still
+    /// in the log: compaction may have dropped it in favour of the newer
+    /// record, which a replay that stops at `until` never reads. So it
+    /// holds when nothing is replayed (`applied_offset == Some(until)`), or
+    /// when compaction never looked past `until` (`until + 1 >=
+    /// superseded_before`: every record it dropped was replaced at or
+    /// before `until`).
+    pub fn exact_as_of(&self, applied_offset: Option<u64>, until: u64) -> bool {
+        if !self.can_resume_after(applied_offset) {
+            return false;
+        }
+        applied_offset == Some(until) || until.saturating_add(1) >= self.superseded_before
     }
 }
 
@@ -402,7 +431,7 @@ mod tests {
     fn horizon_refuses_resume_below_tombstone_or_deleted_prefix() {
         let h = Horizon {
             tombstones_before: 100,
-            deleted_before: 0,
+            ..Horizon::default()
         };
         assert!(
             h.can_resume_after(None),
@@ -412,12 +441,37 @@ mod tests {
         assert!(h.can_resume_after(Some(99)));
         assert!(h.can_resume_after(Some(500)));
         let d = Horizon {
-            tombstones_before: 0,
             deleted_before: 10,
+            ..Horizon::default()
         };
         assert!(!d.can_resume_after(None));
         assert!(!d.can_resume_after(Some(5)));
         assert!(d.can_resume_after(Some(9)));
+    }
+
+    #[test]
+    fn a_point_in_time_below_what_compaction_examined_is_exact_only_without_replay() {
+        let h = Horizon {
+            tombstones_before: 10,
+            deleted_before: 0,
+            superseded_before: 100,
+        };
+        // Nothing to replay: the source already is the state at `until`.
+        assert!(h.exact_as_of(Some(50), 50));
+        // A replay that stops below what compaction examined may miss a
+        // record replaced after `until`.
+        assert!(!h.exact_as_of(Some(50), 60));
+        assert!(!h.exact_as_of(None, 60));
+        // Every record compaction dropped was replaced at or before 99.
+        assert!(h.exact_as_of(Some(50), 99));
+        assert!(h.exact_as_of(Some(50), 500));
+        assert!(h.exact_as_of(None, 99));
+        // The tombstone horizon still applies to the start.
+        assert!(!h.exact_as_of(Some(5), 99));
+        // A log that never compacted: every point in time is exact.
+        let never = Horizon::default();
+        assert!(never.exact_as_of(None, 3));
+        assert!(never.exact_as_of(Some(1), 3));
     }
 
     /// Hands out scripted results, then `None` forever.

@@ -133,7 +133,10 @@ pub struct RestorePlan {
     /// The point-in-time bound, if any.
     pub until: Option<u64>,
     /// The sources a restore tries, in order; the first that works is
-    /// used. Always ends with [`Source::FullReplay`].
+    /// used. Never empty. For the newest state it always ends with
+    /// [`Source::FullReplay`]; for a point in time it holds only the
+    /// sources that give exactly the state at that offset (a plan with
+    /// none is refused, `stale`, naming the offsets that are exact).
     pub steps: Vec<PlanStep>,
     /// Candidates not tried, with reasons (newest first).
     pub rejected: Vec<Rejected>,
@@ -192,6 +195,17 @@ impl LogFacts {
         })
     }
 
+    /// The changelog's horizon, read once.
+    fn horizon<C: Changelog + ?Sized>(&self, changelog: &C) -> Result<&Horizon> {
+        Ok(match self.horizon.get() {
+            Some(h) => h,
+            None => {
+                let h = changelog.horizon()?;
+                self.horizon.get_or_init(|| h)
+            }
+        })
+    }
+
     /// Whether replay can resume after `offset` (the horizon, read once).
     fn can_resume_after<C: Changelog + ?Sized>(
         &self,
@@ -202,18 +216,33 @@ impl LogFacts {
             // Nothing to replay: no horizon can refuse it.
             return Ok(Ok(()));
         }
-        let horizon = match self.horizon.get() {
-            Some(h) => h,
-            None => {
-                let h = changelog.horizon()?;
-                self.horizon.get_or_init(|| h)
-            }
-        };
+        let horizon = self.horizon(changelog)?;
         Ok(if horizon.can_resume_after(Some(offset)) {
             Ok(())
         } else {
             Err(*horizon)
         })
+    }
+
+    /// Whether a source at `start` replayed up to `until` gives exactly the
+    /// state the log had at `until` ([`Horizon::exact_as_of`]). Up to the
+    /// log's last record, it is an ordinary restore.
+    fn exact_as_of<C: Changelog + ?Sized>(
+        &self,
+        changelog: &C,
+        start: Option<u64>,
+        until: u64,
+    ) -> Result<std::result::Result<(), Horizon>> {
+        if start == Some(until) {
+            return Ok(Ok(()));
+        }
+        let horizon = self.horizon(changelog)?;
+        let exact = if until.saturating_add(1) >= self.end {
+            horizon.can_resume_after(start)
+        } else {
+            horizon.exact_as_of(start, until)
+        };
+        Ok(if exact { Ok(()) } else { Err(*horizon) })
     }
 
     fn id(&self) -> &ChangelogId {
@@ -290,6 +319,65 @@ pub(crate) fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
     Ok(())
 }
 
+/// Checks that `source` replayed up to the point in time `until` (if any)
+/// gives exactly the state the log had there (`stale` if compaction may
+/// have removed a record that replay would need).
+fn check_point_in_time<C: Changelog + ?Sized>(
+    changelog: &C,
+    facts: &LogFacts,
+    source: &Source,
+    until: Option<u64>,
+) -> Result<()> {
+    let Some(u) = until else {
+        return Ok(());
+    };
+    match facts.exact_as_of(changelog, source.start_offset(), u)? {
+        Ok(()) => Ok(()),
+        Err(h) => Err(Error::stale(format!(
+            "{source} cannot give the state at the point in time exactly: compaction may have \
+             removed records after it that a later write replaced until={u} \
+             superseded_before={} tombstones_before={} deleted_before={}",
+            h.superseded_before, h.tombstones_before, h.deleted_before
+        ))),
+    }
+}
+
+/// The refusal of a point in time that no source gives exactly, naming
+/// the points in time that are exact.
+fn no_exact_source<C: Changelog + ?Sized>(
+    store_key: &StoreKey,
+    facts: &LogFacts,
+    changelog: &C,
+    until: Option<u64>,
+    exact_points: &[u64],
+) -> Error {
+    let Some(u) = until else {
+        return Error::internal(format!(
+            "restore plan has no source store_key=`{store_key}`"
+        ));
+    };
+    let horizon = facts.horizon(changelog).ok().copied().unwrap_or_default();
+    // The nearest snapshots below the point in time (newest first).
+    let mut exact: Vec<String> = exact_points.iter().take(5).map(|o| o.to_string()).collect();
+    let from = horizon.superseded_before.saturating_sub(1);
+    if from < facts.end {
+        exact.push(format!("{from}..={}", facts.end.saturating_sub(1)));
+    }
+    Error::stale(format!(
+        "the state at this point in time cannot be rebuilt exactly: compaction may have removed \
+         records at or before it that a later write replaced, and no snapshot sits exactly there \
+         store_key=`{store_key}` changelog=`{}` until={u} superseded_before={}; exact points in \
+         time: {}",
+        facts.id(),
+        horizon.superseded_before,
+        if exact.is_empty() {
+            "none".to_owned()
+        } else {
+            exact.join(", ")
+        }
+    ))
+}
+
 /// Checks that the local store `info` can be kept: it follows this
 /// changelog incarnation, is behind its end, at or before `until`, and the
 /// log still holds everything after it.
@@ -341,8 +429,9 @@ fn check_local<C: Changelog + ?Sized>(
     if let Some(u) = until
         && a > u
     {
-        return Err(Error::config(format!(
-            "local store is past the requested offset applied_offset={a} until={u}"
+        return Err(Error::stale(format!(
+            "local store is past the point in time applied_offset={a} until={u}; a store cannot \
+             go back: it is replaced"
         )));
     }
     if let Err(horizon) = facts.can_resume_after(changelog, a)? {
@@ -403,6 +492,14 @@ fn aborts(e: &Error) -> bool {
 /// snapshots newer than the local store (newest first), then the local
 /// store, then older snapshots, then a full replay. Blob contents are
 /// verified only by the restore itself.
+///
+/// With a point in time ([`PlanOptions::until`]) the answer is exact or
+/// refused: an offset at or past the changelog's end is refused (`config`,
+/// naming the end), snapshots after it are not candidates, and a source is
+/// kept only if replaying from it up to the offset gives exactly the state
+/// the log had there ([`Horizon::exact_as_of`]: compaction may have dropped
+/// a record whose key was written again later). When no source is exact
+/// the plan is refused (`stale`), naming the offsets that are.
 pub async fn plan_restore<F: StoreFormat, C: Changelog + ?Sized>(
     format: &F,
     repo: &Repository,
@@ -432,6 +529,21 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
     facts: &LogFacts,
 ) -> Result<RestorePlan> {
     let until = options.until;
+    if let Some(u) = until
+        && u >= facts.end
+    {
+        let holds = match facts.end {
+            0 => "it holds no record".to_owned(),
+            e => format!("its last record is at offset {}", e - 1),
+        };
+        return Err(Error::config(format!(
+            "point in time is past the changelog's end store_key=`{store_key}` changelog=`{}` \
+             until={u} end_offset={}: {holds}; give an offset below the end, or none for the \
+             newest state",
+            facts.id(),
+            facts.end
+        )));
+    }
     let mut rejected = Vec::new();
     let mut local = None;
     if options.local_first && !options.full_replay {
@@ -441,8 +553,11 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
                 let source = Source::Local {
                     applied_offset: info.applied_offset,
                 };
-                match check_local(&info, changelog, facts, until) {
+                match check_local(&info, changelog, facts, until)
+                    .and_then(|()| check_point_in_time(changelog, facts, &source, until))
+                {
                     Ok(()) => local = info.applied_offset,
+                    Err(e) if aborts(&e) => return Err(e),
                     Err(e) => rejected.push(rejection(source, &e)),
                 }
             }
@@ -458,26 +573,31 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
     let mut steps = Vec::new();
     let mut manifests = Vec::new();
     let mut local_placed = false;
+    // Usable snapshots refused only because the point in time lies past
+    // them: each is exact at its own offset.
+    let mut exact_points = Vec::new();
     for snap in listing.snapshots.iter().rev() {
         let source = Source::Snapshot {
             id: snap.id(),
             offset: snap.offset(),
         };
-        if let Some(u) = until
-            && snap.offset() > u
-        {
-            let e = Error::config(format!(
-                "snapshot is after the requested offset snapshot=`{}` offset={} until={u}",
-                snap.id(),
-                snap.offset()
-            ));
-            rejected.push(rejection(source, &e));
+        // A snapshot after the point in time is no candidate, and nothing
+        // is wrong with it: it is not listed as rejected.
+        if until.is_some_and(|u| snap.offset() > u) {
             continue;
         }
         if let Err(e) = check_usable(format, snap, changelog, facts) {
             if aborts(&e) {
                 return Err(e);
             }
+            rejected.push(rejection(source, &e));
+            continue;
+        }
+        if let Err(e) = check_point_in_time(changelog, facts, &source, until) {
+            if aborts(&e) {
+                return Err(e);
+            }
+            exact_points.push(snap.offset());
             rejected.push(rejection(source, &e));
             continue;
         }
@@ -515,9 +635,23 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
             until,
         ));
     }
-    // Last resort, always listed: a log that no longer starts at offset 0
-    // makes the replay itself fail (stale) and say so.
-    steps.push(replay_step(Source::FullReplay, facts, until));
+    // Last resort, always listed for the newest state: a log that no
+    // longer starts at offset 0 makes the replay itself fail (stale) and
+    // say so. For a point in time, only if it is exact.
+    match check_point_in_time(changelog, facts, &Source::FullReplay, until) {
+        Ok(()) => steps.push(replay_step(Source::FullReplay, facts, until)),
+        Err(e) if aborts(&e) => return Err(e),
+        Err(e) => rejected.push(rejection(Source::FullReplay, &e)),
+    }
+    if steps.is_empty() {
+        return Err(no_exact_source(
+            store_key,
+            facts,
+            changelog,
+            until,
+            &exact_points,
+        ));
+    }
     Ok(RestorePlan {
         store_key: store_key.clone(),
         changelog: facts.id().clone(),

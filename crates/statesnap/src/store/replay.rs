@@ -102,7 +102,10 @@ where
 /// [`replay`], stopping after offset `until` when it is given (a
 /// point-in-time restore: the store ends at the changelog's state at that
 /// offset, or at the log's end if that comes first). Fails (kind `config`)
-/// for a store already past `until`: a store cannot go back.
+/// for a store already past `until`: a store cannot go back; and (kind
+/// `stale`) when compaction may have removed a record in the range that a
+/// write after `until` replaced, before or while it runs
+/// ([`crate::changelog::Horizon::exact_as_of`]).
 pub fn replay_until<S, C>(
     store: &mut S,
     changelog: &C,
@@ -165,6 +168,12 @@ where
             horizon.deleted_before,
         )));
     }
+    // A replay that stops before the log's end needs the records compaction
+    // drops in favour of later writes (a point in time).
+    let point_in_time = until.filter(|&u| u.saturating_add(1) < log_end);
+    if let Some(u) = point_in_time {
+        check_exact_as_of(changelog, &horizon, applied, u)?;
+    }
     let batch_size = options.batch_size.max(1);
     let reader = changelog.read_from(from)?;
     // Reading, checking and ordering a batch run on a thread of their own
@@ -219,6 +228,9 @@ where
     // The horizon only moves forward, so if it still allows resuming from
     // `from` now, nothing after `from` could have been purged meanwhile.
     let after = changelog.horizon()?;
+    if let Some(u) = point_in_time {
+        check_exact_as_of(changelog, &after, applied, u)?;
+    }
     if !after.can_resume_after(applied) {
         return Err(Error::stale(format!(
             "the changelog's horizon passed the replay's start while it ran changelog=`{}` \
@@ -245,6 +257,28 @@ where
     }
     report.duration = started.elapsed();
     Ok(report)
+}
+
+/// Refuses (`stale`) a replay from after `applied` up to `until` that may
+/// miss records compaction dropped ([`crate::changelog::Horizon::exact_as_of`]).
+fn check_exact_as_of<C: Changelog + ?Sized>(
+    changelog: &C,
+    horizon: &crate::changelog::Horizon,
+    applied: Option<u64>,
+    until: u64,
+) -> Result<()> {
+    if horizon.exact_as_of(applied, until) {
+        return Ok(());
+    }
+    Err(Error::stale(format!(
+        "replaying up to the point in time may miss records compaction removed changelog=`{}` \
+         applied_offset={applied:?} until={until} superseded_before={}; the state at that offset \
+         cannot be rebuilt exactly from here: use a snapshot at exactly that offset, or an \
+         offset at or after {}",
+        changelog.id(),
+        horizon.superseded_before,
+        horizon.superseded_before.saturating_sub(1),
+    )))
 }
 
 /// A batch [`feed`] read, ready to apply.

@@ -12,11 +12,13 @@
 //! 1. Every changed segment is written in full to `<base>.log.compacting`
 //!    and fsynced; a crash here leaves the old segments untouched, and open
 //!    deletes the leftovers.
-//! 2. If tombstones were purged, the advanced [`Horizon`] is persisted in the
-//!    metadata file *before* any old segment is replaced: a horizon that is
-//!    too high only makes a snapshot look stale, while a purged tombstone
+//! 2. If records are dropped, the advanced [`Horizon`] (tombstones purged,
+//!    records superseded) is persisted in the metadata file *before* any old
+//!    segment is replaced: a horizon that is too high only makes a snapshot
+//!    look stale or refuses a point-in-time read, while a purged tombstone
 //!    under a horizon that does not cover it could let a restore resurrect a
-//!    deleted key.
+//!    deleted key, and a dropped record a point-in-time read believes is
+//!    there would give a state the log never had.
 //! 3. The compacted files are renamed over the old ones in ascending offset
 //!    order, with a directory fsync after each rename. A crash between two
 //!    renames leaves older segments compacted and newer ones not. That state
@@ -94,8 +96,9 @@ impl FileChangelog {
     /// record of every key (none at all if the key's newest record is in the
     /// active segment), purges tombstones older than
     /// [`CompactOptions::delete_retention`] and advances
-    /// [`Horizon::tombstones_before`] past the highest purged one, persisting
-    /// it before any segment is replaced. Offsets never change.
+    /// [`Horizon::tombstones_before`] past the highest purged one and
+    /// [`Horizon::superseded_before`] past the newest record it examined,
+    /// persisting both before any segment is replaced. Offsets never change.
     ///
     /// Crash-safe: changed segments are written to `<base>.log.compacting`,
     /// fsynced, and renamed over the old ones oldest first (directory fsync
@@ -132,7 +135,11 @@ impl FileChangelog {
         // Pass 1: the newest offset of every key, closed segments then the
         // active one (up to what is written now; later appends only supersede more).
         let mut newest: HashMap<Bytes, u64> = HashMap::new();
+        // One past the newest offset pass 1 sees: every record compaction
+        // drops as superseded is replaced by a record below it.
+        let mut examined_end = 0u64;
         let mut note = |buf: &[u8], r: &codec::RawRecord| {
+            examined_end = examined_end.max(r.offset + 1);
             let key = &buf[r.key.clone()];
             match newest.get_mut(key) {
                 Some(o) => *o = r.offset,
@@ -164,6 +171,7 @@ impl FileChangelog {
         let abuf = active.read_all()?;
         codec::scan_records(&abuf, active.base, &active.path, |r| note(&abuf, r))?;
         drop(abuf);
+        let examined_end = examined_end;
 
         // Pass 2: write the compacted segments to temporary files.
         let mut rewrites = Vec::new();
@@ -236,23 +244,25 @@ impl FileChangelog {
             return Err(e);
         }
 
-        // Persist the advanced horizon before any purged tombstone disappears.
+        // Persist the advanced horizon before any purged tombstone, or any
+        // record a point-in-time read up to its offset would need, disappears.
+        let mut new = horizon;
         if let Some(m) = max_purged {
-            let new = Horizon {
-                tombstones_before: horizon.tombstones_before.max(m + 1),
-                ..horizon
-            };
-            if new != horizon {
-                if let Err(e) = self.update_meta(|m| m.horizon = new) {
-                    for r in &rewrites {
-                        let _ = fs::remove_file(&r.tmp);
-                    }
-                    return Err(e);
-                }
-                write_shared(&self.shared)?.horizon = new;
-            }
-            report.horizon = new;
+            new.tombstones_before = new.tombstones_before.max(m + 1);
         }
+        if !rewrites.is_empty() {
+            new.superseded_before = new.superseded_before.max(examined_end);
+        }
+        if new != horizon {
+            if let Err(e) = self.update_meta(|m| m.horizon = new) {
+                for r in &rewrites {
+                    let _ = fs::remove_file(&r.tmp);
+                }
+                return Err(e);
+            }
+            write_shared(&self.shared)?.horizon = new;
+        }
+        report.horizon = new;
 
         // Swap in the compacted segments, oldest first.
         let mut pending = rewrites.into_iter();
@@ -291,6 +301,7 @@ impl FileChangelog {
             records_after = report.records_after,
             tombstones_dropped = report.tombstones_dropped,
             tombstones_before = report.horizon.tombstones_before,
+            superseded_before = report.horizon.superseded_before,
             "compacted changelog"
         );
         Ok(report)

@@ -14,8 +14,13 @@ use crate::error::{Error, Result};
 pub(crate) const META_FILE: &str = "changelog.json";
 /// Temporary name the metadata is written under before the rename.
 pub(crate) const META_TMP: &str = "changelog.json.tmp";
-/// Metadata format version this code writes.
-pub(crate) const META_VERSION: u32 = 2;
+/// Metadata format version this code writes (3: the horizon records
+/// `superseded_before`, what compaction examined).
+pub(crate) const META_VERSION: u32 = 3;
+/// The first version whose horizon records `superseded_before`. An older
+/// log may have been compacted without saying so: it is read as compacted
+/// up to its end at open ([`Meta::assume_compacted_before`]).
+pub(crate) const META_RECORDS_SUPERSEDED: u32 = 3;
 /// Oldest metadata format version this code reads (version 1 had no epoch
 /// history; it is upgraded on the next writer open).
 pub(crate) const META_MIN_VERSION: u32 = 1;
@@ -84,6 +89,17 @@ impl Meta {
         if self.epochs.len() > MAX_EPOCHS {
             let excess = self.epochs.len() - MAX_EPOCHS;
             self.epochs.drain(..excess);
+        }
+    }
+
+    /// For metadata older than [`META_RECORDS_SUPERSEDED`]: compaction may
+    /// have run up to `end` (the log's end offset at open) without recording
+    /// it, so point-in-time reads below `end` are treated as overtaken by
+    /// compaction (refused unless a snapshot sits exactly there). Records
+    /// appended from now on are tracked exactly.
+    pub(crate) fn assume_compacted_before(&mut self, end: u64) {
+        if self.format_version < META_RECORDS_SUPERSEDED {
+            self.horizon.superseded_before = self.horizon.superseded_before.max(end);
         }
     }
 

@@ -231,13 +231,15 @@ impl FileChangelog {
         dir: PathBuf,
         id: ChangelogId,
         options: FileChangelogOptions,
-        meta: meta::Meta,
+        mut meta: meta::Meta,
         segments: Vec<Arc<Segment>>,
         recovery: Option<RecoveryReport>,
         lock_file: Option<File>,
         mut writer: Writer,
     ) -> Result<FileChangelog> {
         writer.last_sync_ms = options.clock.now_ms();
+        // Kept in memory until the next metadata write upgrades the file.
+        meta.assume_compacted_before(writer.next_offset);
         if lock_file.is_some() {
             // Durability: what recovery kept of the active segment (maybe
             // only in the page cache after a process crash) is on disk

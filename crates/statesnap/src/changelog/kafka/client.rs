@@ -299,18 +299,52 @@ pub(super) fn create_topic(
     Ok(())
 }
 
-/// `cleanup.policy` and `delete.retention.ms` of the topic.
+/// The topic configs the horizon depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct TopicConfigs {
+    /// `cleanup.policy`, lowercase (`unknown` when the broker did not say).
+    pub cleanup_policy: String,
+    /// `delete.retention.ms`.
+    pub delete_retention_ms: i64,
+    /// `min.compaction.lag.ms`: records younger than this are never
+    /// compacted (Kafka's default, 0, lets the cleaner take any record
+    /// outside the active segment).
+    pub min_compaction_lag_ms: i64,
+}
+
+impl TopicConfigs {
+    pub(super) fn assumed_unknown() -> Self {
+        TopicConfigs {
+            cleanup_policy: "unknown".to_owned(),
+            delete_retention_ms: DEFAULT_DELETE_RETENTION_MS,
+            min_compaction_lag_ms: 0,
+        }
+    }
+
+    /// Whether the policy lets the cleaner compact (or, unknown, may).
+    pub(super) fn may_compact(&self) -> bool {
+        self.cleanup_policy == "unknown"
+            || self
+                .cleanup_policy
+                .split(',')
+                .any(|p| p.trim() == "compact")
+    }
+}
+
+/// `cleanup.policy`, `delete.retention.ms` and `min.compaction.lag.ms` of
+/// the topic.
 pub(super) fn describe_topic(
     admin: &AdminClient<Ctx>,
     options: &KafkaOptions,
     at: &Where,
-) -> Result<(String, i64)> {
+) -> Result<TopicConfigs> {
     let spec = ResourceSpecifier::Topic(&at.id.topic);
     let results =
         futures::executor::block_on(admin.describe_configs([&spec], &admin_options(options)))
             .map_err(|e| at.err("topic config lookup", e))?;
     let mut policy = None;
     let mut retention = None;
+    let mut lag = None;
     for r in results {
         let res = r.map_err(|code| at.err("topic config lookup", KafkaError::AdminOp(code)))?;
         if let Some(v) = res.get("cleanup.policy").and_then(|e| e.value.clone()) {
@@ -322,16 +356,24 @@ pub(super) fn describe_topic(
         {
             retention = Some(v);
         }
+        if let Some(v) = res
+            .get("min.compaction.lag.ms")
+            .and_then(|e| e.value.as_deref()?.parse::<i64>().ok())
+        {
+            lag = Some(v);
+        }
     }
     let policy = policy.unwrap_or_else(|| {
         // Brokers that do not report it use Kafka's default.
         tracing::warn!(changelog = %at.id, "kafka broker did not report cleanup.policy; assuming `delete`");
         "delete".to_owned()
     });
-    Ok((
-        policy.to_ascii_lowercase(),
-        retention.unwrap_or(DEFAULT_DELETE_RETENTION_MS),
-    ))
+    Ok(TopicConfigs {
+        cleanup_policy: policy.to_ascii_lowercase(),
+        delete_retention_ms: retention.unwrap_or(DEFAULT_DELETE_RETENTION_MS),
+        // Kafka's default when the broker does not report it.
+        min_compaction_lag_ms: lag.unwrap_or(0).max(0),
+    })
 }
 
 #[cfg(test)]

@@ -29,6 +29,9 @@
 //! - **Tombstone horizon** (design invariant 7): from `delete.retention.ms`,
 //!   read from the topic at every [`Changelog::horizon`] call, and record
 //!   timestamps from the injected [`Clock`](crate::clock::Clock).
+//! - **Point-in-time reads**: from `min.compaction.lag.ms` the same way
+//!   ([`Horizon::superseded_before`]); with Kafka's default (0) a compacted
+//!   topic is exact only at a snapshot's offset or at its end.
 //! - **Settings**: statesnap owns `enable.idempotence`, `acks`,
 //!   `enable.auto.commit` and `transactional.id`; secrets are never shown
 //!   ([`redact`]).
@@ -70,9 +73,14 @@ pub use options::{
 use super::{Changelog, ChangelogId, ChangelogReader, FusedReader, Horizon, Lineage, Record};
 use crate::error::{Error, Result};
 use client::{
-    Ctx, Where, admin_client, admin_options, consumer_config, create_topic, ctx, describe_topic,
-    lock, topic_partitions,
+    Ctx, TopicConfigs, Where, admin_client, admin_options, consumer_config, create_topic, ctx,
+    describe_topic, lock, topic_partitions,
 };
+
+/// How far the broker's clock may run ahead of this process's when the
+/// horizon compares record timestamps with `min.compaction.lag.ms`: a lag
+/// at or below it leaves no record safe from the cleaner.
+const CLOCK_SKEW_ALLOWANCE_MS: i64 = 60_000;
 use producer::{RawOut, WriterClaim, create_producer};
 use reader::{KafkaReader, PrefetchReader};
 
@@ -96,9 +104,9 @@ pub struct KafkaChangelog {
     meta: BaseConsumer<Ctx>,
     /// Topic config lookups.
     admin: AdminClient<Ctx>,
-    /// `cleanup.policy` and `delete.retention.ms`, as last read (at open and
-    /// at every [`Changelog::horizon`]).
-    configs: Mutex<(String, i64)>,
+    /// `cleanup.policy`, `delete.retention.ms` and `min.compaction.lag.ms`,
+    /// as last read (at open and at every [`Changelog::horizon`]).
+    configs: Mutex<TopicConfigs>,
     /// False when the broker did not answer DescribeConfigs at open (then the
     /// values above are assumptions and are not asked for again).
     configs_known: bool,
@@ -175,7 +183,7 @@ impl KafkaChangelog {
         }
 
         let mut configs_known = true;
-        let (cleanup_policy, delete_retention_ms) = match describe_topic(&admin, &options, &at) {
+        let configs = match describe_topic(&admin, &options, &at) {
             Ok(c) => c,
             // The broker answered metadata but not DescribeConfigs (some
             // brokers and librdkafka's mock cluster do not implement it).
@@ -184,10 +192,11 @@ impl KafkaChangelog {
             {
                 tracing::warn!(changelog = %id, error = %e, "could not read the topic's configs; assuming it is not compacted");
                 configs_known = false;
-                ("unknown".to_owned(), DEFAULT_DELETE_RETENTION_MS)
+                TopicConfigs::assumed_unknown()
             }
             Err(e) => return Err(e),
         };
+        let cleanup_policy = &configs.cleanup_policy;
         if !cleanup_policy.split(',').any(|p| p.trim() == "compact") {
             let msg = format!(
                 "kafka changelog topic is not compacted changelog=`{id}` cleanup.policy=`{cleanup_policy}`; \
@@ -209,7 +218,7 @@ impl KafkaChangelog {
             acked_to: Mutex::new(0),
             meta,
             admin,
-            configs: Mutex::new((cleanup_policy, delete_retention_ms)),
+            configs: Mutex::new(configs),
             configs_known,
             writer: Mutex::new(WriterClaim {
                 id: format!("writer:{}", uuid::Uuid::new_v4()),
@@ -225,20 +234,27 @@ impl KafkaChangelog {
     /// every [`Changelog::horizon`]), e.g. `compact`; `unknown` if the broker
     /// does not answer DescribeConfigs.
     pub fn cleanup_policy(&self) -> String {
-        lock(&self.configs).0.clone()
+        lock(&self.configs).cleanup_policy.clone()
     }
 
     /// The topic's `delete.retention.ms` as last read (see
     /// [`KafkaChangelog::cleanup_policy`]).
     pub fn delete_retention_ms(&self) -> i64 {
-        lock(&self.configs).1
+        lock(&self.configs).delete_retention_ms
+    }
+
+    /// The topic's `min.compaction.lag.ms` as last read (see
+    /// [`KafkaChangelog::cleanup_policy`]): how far back point-in-time
+    /// reads stay exact ([`Horizon::superseded_before`]).
+    pub fn min_compaction_lag_ms(&self) -> i64 {
+        lock(&self.configs).min_compaction_lag_ms
     }
 
     /// The topic's configs now: asked of the broker, because an operator may
     /// change `delete.retention.ms` or the policy while we run and the
     /// horizon must follow (a value cached since open could accept a
     /// snapshot compaction has overtaken).
-    fn current_configs(&self) -> Result<(String, i64)> {
+    fn current_configs(&self) -> Result<TopicConfigs> {
         if !self.configs_known {
             return Ok(lock(&self.configs).clone());
         }
@@ -290,6 +306,36 @@ impl KafkaChangelog {
     /// is older, the broker answered wrongly (tansu 0.6.0 answers offset 0,
     /// not -1, when no record is that recent) and the safe answer is `hi`
     /// (every record may be older than the cutoff).
+    /// The first offset whose record's timestamp is at or after `cutoff`
+    /// (ms), or `hi` when every record is older.
+    fn first_offset_from_time(&self, cutoff: i64, hi: u64) -> Result<u64> {
+        // A clock earlier than the retention (tests, a clock near the
+        // epoch): every record is young. A negative timestamp would be
+        // refused as an argument.
+        let cutoff = cutoff.max(0);
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.id.topic, self.partition, Offset::Offset(cutoff))
+            .map_err(|e| self.at.err("offset lookup by time", e))?;
+        let found = self
+            .meta
+            .offsets_for_times(tpl, self.options.request_timeout)
+            .map_err(|e| self.at.err("offset lookup by time", e))?;
+        let elem = found.find_partition(&self.id.topic, self.partition);
+        match elem.map(|e| (e.offset(), e.error())) {
+            Some((_, Err(e))) => Err(self.at.err("offset lookup by time", e)),
+            Some((Offset::Offset(o), Ok(()))) => {
+                let o = u64::try_from(o).unwrap_or(0).min(hi);
+                self.check_offset_for_time(o, hi, cutoff)
+            }
+            // No record at or after the cutoff: every record is older.
+            Some((Offset::End | Offset::Invalid, Ok(()))) => Ok(hi),
+            other => Err(Error::internal(format!(
+                "kafka offset lookup by time returned an unexpected answer changelog=`{}` answer={other:?}",
+                self.id
+            ))),
+        }
+    }
+
     fn check_offset_for_time(&self, o: u64, hi: u64, cutoff: i64) -> Result<u64> {
         if o >= hi {
             return Ok(hi);
@@ -384,11 +430,15 @@ impl Changelog for KafkaChangelog {
     }
 
     fn horizon(&self) -> Result<Horizon> {
-        let (cleanup_policy, delete_retention_ms) = self.current_configs()?;
+        let configs = self.current_configs()?;
         let (lo, hi) = self.watermarks()?;
         // A compact-only topic moves its log start only by compaction (or
         // DeleteRecords, which cannot be told apart); anything else may delete.
-        let deleted_before = if cleanup_policy.split(',').all(|p| p.trim() == "compact") {
+        let deleted_before = if configs
+            .cleanup_policy
+            .split(',')
+            .all(|p| p.trim() == "compact")
+        {
             0
         } else {
             lo
@@ -397,44 +447,32 @@ impl Changelog for KafkaChangelog {
             return Ok(Horizon {
                 tombstones_before: hi,
                 deleted_before,
+                superseded_before: if configs.may_compact() { hi } else { 0 },
             });
         }
-        let cutoff = self
-            .options
-            .clock
-            .now_ms()
-            .saturating_sub(delete_retention_ms)
-            // A clock earlier than the retention (tests, a clock near the
-            // epoch): every record is young. A negative timestamp would be
-            // refused as an argument.
-            .max(0);
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.id.topic, self.partition, Offset::Offset(cutoff))
-            .map_err(|e| self.at.err("offset lookup by time", e))?;
-        let found = self
-            .meta
-            .offsets_for_times(tpl, self.options.request_timeout)
-            .map_err(|e| self.at.err("offset lookup by time", e))?;
-        let elem = found.find_partition(&self.id.topic, self.partition);
-        let tombstones_before = match elem.map(|e| (e.offset(), e.error())) {
-            Some((_, Err(e))) => return Err(self.at.err("offset lookup by time", e)),
-            Some((Offset::Offset(o), Ok(()))) => {
-                let o = u64::try_from(o).unwrap_or(0).min(hi);
-                self.check_offset_for_time(o, hi, cutoff)?
-            }
-            // No record at or after the cutoff: every record is older, so any
-            // tombstone may be gone.
-            Some((Offset::End | Offset::Invalid, Ok(()))) => hi,
-            other => {
-                return Err(Error::internal(format!(
-                    "kafka offset lookup by time returned an unexpected answer changelog=`{}` answer={other:?}",
-                    self.id
-                )));
-            }
+        let now = self.options.clock.now_ms();
+        let tombstones_before =
+            self.first_offset_from_time(now.saturating_sub(configs.delete_retention_ms), hi)?;
+        // The cleaner compacts a segment only once its newest record is
+        // older than `min.compaction.lag.ms` (by the broker's clock), and
+        // stops at the first segment it may not compact: every record it
+        // dropped was replaced below the first record younger than the lag.
+        // The broker's clock may run ahead of ours by up to
+        // CLOCK_SKEW_ALLOWANCE_MS.
+        let superseded_before = if !configs.may_compact() {
+            0
+        } else if configs.min_compaction_lag_ms <= CLOCK_SKEW_ALLOWANCE_MS {
+            hi
+        } else {
+            let young_from = now
+                .saturating_sub(configs.min_compaction_lag_ms)
+                .saturating_add(CLOCK_SKEW_ALLOWANCE_MS);
+            self.first_offset_from_time(young_from, hi)?
         };
         Ok(Horizon {
             tombstones_before,
             deleted_before,
+            superseded_before,
         })
     }
 
