@@ -17,6 +17,7 @@ use crate::digest::LogicalDigest;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{RestoreContext, RestoreStats, StoreFormat};
 use crate::repo::{Manifest, Repository, SnapshotId, StoreKey, UnreadableManifest};
+use crate::store::owner::DirLock;
 pub use crate::store::replay::{ReplayOptions, ReplayProgress, ReplayReport, replay, replay_until};
 use crate::store::{StateStore, StateStoreExt, bind_restored};
 pub use plan::{
@@ -146,6 +147,11 @@ impl RestoreProgress {
 /// everything. With [`RestoreOptions::local_first`] a valid local store at
 /// or past the newest usable snapshot is kept instead (see [`plan_restore`]
 /// for the order of candidates).
+///
+/// The target directory is owned for the whole restore: when another
+/// handle or process holds it (a live [`crate::StateHandle`], another
+/// restore, a RocksDB store open elsewhere) the restore is refused
+/// (`transient`) and nothing in it is read or changed.
 pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
     format: &F,
     repo: &Repository,
@@ -154,9 +160,26 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
     target: &Path,
     options: &RestoreOptions,
 ) -> Result<(F::Store, RestoreReport)> {
-    // Before anything is read or written: a target a restore may not
-    // replace is refused whatever the source (a local store is replaced
-    // when it cannot be kept).
+    // Before anything is read or written: the target is ours alone for
+    // the whole restore (another handle or process using it: transient).
+    let owner = DirLock::acquire(target)?;
+    restore_owned(format, repo, store_key, changelog, target, options, &owner).await
+}
+
+/// [`restore_store`] into `target`, whose directory the caller already owns
+/// (`_owner`: the runtime's handle keeps it while open, [`restore_into`]
+/// holds its target's while it builds the store in staging).
+pub(crate) async fn restore_owned<F: StoreFormat, C: Changelog + ?Sized>(
+    format: &F,
+    repo: &Repository,
+    store_key: &StoreKey,
+    changelog: &C,
+    target: &Path,
+    options: &RestoreOptions,
+    _owner: &DirLock,
+) -> Result<(F::Store, RestoreReport)> {
+    // A target a restore may not replace is refused whatever the source (a
+    // local store is replaced when it cannot be kept).
     if options.replace_unmarked && crate::format::staging::check_adoptable(target)? {
         crate::store::mark_store_dir(target)?;
     }
@@ -203,6 +226,9 @@ pub async fn restore_into<F: StoreFormat, C: Changelog + ?Sized>(
     options: &RestoreOptions,
 ) -> Result<RestoreReport> {
     use crate::format::staging;
+    // Nothing is read or written before the target is ours: a live handle
+    // (or another restore) using it refuses this one (transient).
+    let owner = DirLock::acquire(target)?;
     if options.replace_unmarked && staging::check_adoptable(target)? {
         crate::store::mark_store_dir(target)?;
     }
@@ -213,7 +239,8 @@ pub async fn restore_into<F: StoreFormat, C: Changelog + ?Sized>(
         replace_unmarked: false,
         ..options.clone()
     };
-    let (store, report) = restore_store(format, repo, store_key, changelog, &stage, &inner).await?;
+    let (store, report) =
+        restore_owned(format, repo, store_key, changelog, &stage, &inner, &owner).await?;
     drop(store);
     // The replay above runs without an await: give a cancellation that
     // came meanwhile (Ctrl-C) its chance before anything is moved.

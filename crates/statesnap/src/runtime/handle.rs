@@ -2,6 +2,7 @@
 //! its handoff.
 
 use std::ops::Bound;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use crate::repo::{Manifest, Repository, SnapshotId, StoreKey};
 use crate::restore::{ReplayOptions, ReplayReport, RestoreOptions, RestoreReport, Source};
 use crate::snapshot::{SnapshotOptions, commit_snapshot_with};
 use crate::store::logged::{CommitInfo, LoggedStore};
+use crate::store::owner::{DirLock, canonical_dir};
 use crate::store::{KvIter, StateStore};
 
 /// What [`StateHandle::close`] did.
@@ -50,6 +52,8 @@ pub struct StateHandle<F: StoreFormat + 'static, C: Changelog + 'static> {
     report: RestoreReport,
     opened_in: Duration,
     read_only: Option<u64>,
+    /// Last: released once the store above is closed.
+    _owner: Arc<OwnedDir>,
 }
 
 impl<F: StoreFormat, C: Changelog> std::fmt::Debug for StateHandle<F, C> {
@@ -116,6 +120,10 @@ where
         manager.register(&store_key, shared.clone())?;
         registered.key = Some(store_key.clone());
     }
+    // The directory is this handle's before anything reads or changes it:
+    // one spec per directory in a manager (config), one owner per
+    // directory anywhere (transient).
+    let owner = OwnedDir::take(&manager, &store_key, &dir)?;
     let format = Arc::new(format);
     let span = tracing::info_span!("open", store_key = %store_key, until = ?at_offset);
     let permit = inner
@@ -131,6 +139,8 @@ where
         store_key.clone(),
         inner.rt.clone(),
     );
+    let owner = Arc::new(owner);
+    let held = owner.clone();
     let options = RestoreOptions {
         local_first: true,
         until: at_offset,
@@ -141,8 +151,8 @@ where
     // blocking thread so no executor worker stalls on the replay.
     let restored = tokio::task::spawn_blocking(move || {
         let _g = span.enter();
-        rt.block_on(crate::restore::restore_store(
-            &*f, &repo, &key, &*c, &dir, &options,
+        rt.block_on(crate::restore::restore_owned(
+            &*f, &repo, &key, &*c, &dir, &options, &held.lock,
         ))
     })
     .await
@@ -202,7 +212,42 @@ where
         report,
         opened_in: started.elapsed(),
         read_only: at_offset,
+        _owner: owner,
     })
+}
+
+/// A handle's ownership of its directory: the lock (other handles and
+/// processes) and the manager's registration of the directory (its other
+/// specs), both released on drop, after the store is closed.
+#[derive(Debug)]
+pub(super) struct OwnedDir {
+    lock: DirLock,
+    manager: StateManager,
+    canonical: PathBuf,
+}
+
+impl OwnedDir {
+    fn take(manager: &StateManager, key: &StoreKey, dir: &Path) -> Result<OwnedDir> {
+        let canonical = canonical_dir(dir)?;
+        manager.register_dir(&canonical, key)?;
+        match DirLock::acquire(dir) {
+            Ok(lock) => Ok(OwnedDir {
+                lock,
+                manager: manager.clone(),
+                canonical,
+            }),
+            Err(e) => {
+                manager.deregister_dir(&canonical);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for OwnedDir {
+    fn drop(&mut self) {
+        self.manager.deregister_dir(&self.canonical);
+    }
 }
 
 /// One snapshot's background work: write and commit `cut` under the

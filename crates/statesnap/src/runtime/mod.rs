@@ -268,6 +268,7 @@ impl StateManagerBuilder {
                 tasks: TaskTracker::new(),
                 transfers: Arc::new(tokio::sync::Semaphore::new(self.max_transfers)),
                 open: Mutex::new(BTreeMap::new()),
+                dirs: Mutex::new(BTreeMap::new()),
                 rates: Mutex::new(RateBook {
                     rates: self.rates,
                     download_measured: false,
@@ -306,6 +307,8 @@ struct Inner {
     transfers: Arc<tokio::sync::Semaphore>,
     /// Open stores, with the status cell their handle updates.
     open: Mutex<BTreeMap<StoreKey, Arc<status::Shared>>>,
+    /// The directories of open handles (canonical paths), and whose.
+    dirs: Mutex<BTreeMap<PathBuf, StoreKey>>,
     rates: Mutex<RateBook>,
 }
 
@@ -487,6 +490,26 @@ impl StateManager {
 
     fn deregister(&self, key: &StoreKey) {
         lock(&self.inner.open).remove(key);
+    }
+
+    /// Claims directory `canonical` for `key`'s handle: two specs naming
+    /// one directory would each replace the other's store.
+    fn register_dir(&self, canonical: &std::path::Path, key: &StoreKey) -> Result<()> {
+        let mut dirs = lock(&self.inner.dirs);
+        if let Some(other) = dirs.get(canonical) {
+            return Err(Error::config(format!(
+                "store directory is already used by another open store of this manager \
+                 dir=`{}` store_key=`{key}` used_by=`{other}`; give each store partition a \
+                 directory of its own (e.g. include the partition in the path)",
+                canonical.display()
+            )));
+        }
+        dirs.insert(canonical.to_path_buf(), key.clone());
+        Ok(())
+    }
+
+    fn deregister_dir(&self, canonical: &std::path::Path) {
+        lock(&self.inner.dirs).remove(canonical);
     }
 }
 

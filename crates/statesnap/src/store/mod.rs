@@ -11,6 +11,7 @@
 
 pub mod logged;
 pub mod memory;
+pub(crate) mod owner;
 pub mod replay;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;

@@ -127,7 +127,10 @@ pub(crate) fn rocks_error(what: &str, path: &Path, err: rocksdb::Error) -> Error
         K::NotFound => ErrorKind::NotFound,
         K::Busy | K::TryAgain | K::TimedOut | K::Incomplete | K::Expired => ErrorKind::Transient,
         K::InvalidArgument | K::NotSupported => ErrorKind::Config,
-        K::IOError if err.as_ref().contains("lock") => ErrorKind::Config,
+        // Another handle or process has the store open: nothing is wrong
+        // with the store, and the caller must not move on to replacing it
+        // (a restore falls back on every error that is not transient).
+        K::IOError if err.as_ref().contains("lock") => ErrorKind::Transient,
         _ => ErrorKind::Io,
     };
     let hint = if err.as_ref().contains("lock") {
