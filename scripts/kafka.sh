@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+#!/usr/bin/env bash
 # A real Kafka-protocol broker on 127.0.0.1 for the kafka tests and benches:
 # tansu (crates.io), with its SQLite storage engine in a throwaway data dir.
 #
@@ -7,6 +7,9 @@
 #   kafka_install   # system packages for building librdkafka, and tansu
 #   kafka_start     # starts the shared broker, exports STATESNAP_TEST_KAFKA_*
 #   kafka_stop      # stops it (idempotent; put it in the EXIT trap)
+#
+# Run directly (scripts/kafka.sh), it installs and starts a broker, prints
+# its address and how to use it, and stops it on Ctrl-C.
 #
 # Exports after kafka_start:
 #   STATESNAP_TEST_KAFKA_BOOTSTRAP  127.0.0.1:<port> of the shared broker
@@ -154,3 +157,28 @@ kafka_stop() {
   fi
   unset KAFKA_DATA_DIR STATESNAP_TEST_KAFKA_BOOTSTRAP STATESNAP_TEST_KAFKA_CMD
 }
+
+# Run directly (not sourced): start a broker for manual use, say how to
+# point statesnap at it, and keep it until Ctrl-C.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  set -euo pipefail
+  trap kafka_stop EXIT
+  trap 'exit 130' INT TERM
+  kafka_install
+  kafka_start
+  cat <<USAGE
+tansu is running on $STATESNAP_TEST_KAFKA_BOOTSTRAP (pid $KAFKA_PID, data in $KAFKA_DATA_DIR, log $KAFKA_LOG).
+A store's changelog on it is kafka://$STATESNAP_TEST_KAFKA_BOOTSTRAP/TOPIC/PARTITION, e.g.
+
+  statesnap list --repo URL shop/carts/0 --changelog kafka://$STATESNAP_TEST_KAFKA_BOOTSTRAP/shop-carts-changelog/0
+
+(the topic must exist: an application's KafkaChangelog creates it). The kafka tests and benches
+find it through:
+
+  export STATESNAP_TEST_KAFKA_BOOTSTRAP=$STATESNAP_TEST_KAFKA_BOOTSTRAP
+
+Stop it with Ctrl-C (or kill $$): the broker stops and its data is removed.
+(In a script, source this file instead: see its header.)
+USAGE
+  wait "$KAFKA_PID"
+fi

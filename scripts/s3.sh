@@ -7,6 +7,9 @@
 #   cargo test ...
 #   s3_stop                     # idempotent
 #
+# Run directly (scripts/s3.sh), it installs and starts a server, prints its
+# URL and the -o options to use, and stops it on Ctrl-C.
+#
 # s3_start sets no trap of its own: it used to, and that replaced the
 # caller's EXIT trap, so scripts/test.sh never stopped its Kafka broker.
 
@@ -92,3 +95,28 @@ s3_stop() {
         S3_DATA_DIR=""
     fi
 }
+
+# Run directly (not sourced): start a server for manual use, say how to
+# point statesnap at it, and keep it until Ctrl-C.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    set -euo pipefail
+    trap s3_stop EXIT
+    trap 'exit 130' INT TERM
+    s3_install
+    s3_start
+    cat <<USAGE
+s3s-fs is running on $AWS_ENDPOINT_URL (pid $S3_PID, data in $S3_DATA_DIR); bucket statesnap-test.
+Use a repository under the bucket with these options, e.g.:
+
+  statesnap init --repo s3://statesnap-test/my-repo -o endpoint=$AWS_ENDPOINT_URL -o allow_http=true -o access_key_id=$AWS_ACCESS_KEY_ID -o secret_access_key=$AWS_SECRET_ACCESS_KEY -o region=$AWS_REGION
+  statesnap demo --repo s3://statesnap-test/demo -o endpoint=$AWS_ENDPOINT_URL -o allow_http=true -o access_key_id=$AWS_ACCESS_KEY_ID -o secret_access_key=$AWS_SECRET_ACCESS_KEY -o region=$AWS_REGION
+
+or export the same settings instead of the -o options:
+
+  export AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY AWS_REGION=$AWS_REGION
+
+Stop it with Ctrl-C (or kill $$): the server stops and its data is removed.
+(In a script, source this file instead: see its header.)
+USAGE
+    wait "$S3_PID"
+fi

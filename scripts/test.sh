@@ -50,12 +50,44 @@ log "demo smoke run (what scripts/demo.sh runs, at a small size)"
 # The binary `cargo test` built for the CLI tests. A `cargo build --bins`
 # here would resolve features without the dev-dependencies and rebuild the
 # two workspace crates (about 20 s), then the next test run would rebuild
-# them back.
-demo_dir="$(mktemp -d)"
-"$CARGO_TARGET_DIR/release/statesnap" demo --keys 20000 --updates-per-key 10 \
-  --dir "$demo_dir/demo" | tee "$demo_dir/out"
-grep -q "speed-up: snapshot + tail was" "$demo_dir/out"
-grep -q "digests equal" "$demo_dir/out"
-rm -rf "$demo_dir"
+# them back. Run from the checkout with the default directory, which must
+# not be inside it: the checkout's status is unchanged afterwards.
+demo_out="$(mktemp)"
+status_before="$(git status --porcelain --untracked-files=all)"
+"$CARGO_TARGET_DIR/release/statesnap" demo --keys 20000 --updates-per-key 10 | tee "$demo_out"
+grep -q "speed-up: snapshot + tail was" "$demo_out"
+grep -q "digests equal" "$demo_out"
+rm -f "$demo_out"
+if [[ "$(git status --porcelain --untracked-files=all)" != "$status_before" ]]; then
+  echo "the demo left files in the checkout:" >&2
+  git status --short >&2
+  exit 1
+fi
+
+log "scripts/s3.sh and scripts/kafka.sh run directly start a server and say how to use it"
+# Run directly, each starts its server and prints how to point statesnap at
+# it (they used to print nothing and exit 0); SIGTERM stops it.
+check_direct_run() {
+  local script="$1" want="$2" out pid
+  out="$(mktemp)"
+  "$ROOT/$script" >"$out" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 300); do
+    grep -q -- "$want" "$out" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  if ! grep -q -- "$want" "$out"; then
+    cat "$out" >&2
+    echo "$script run directly did not print \`$want\`" >&2
+    rm -f "$out"
+    return 1
+  fi
+  rm -f "$out"
+}
+check_direct_run scripts/s3.sh "-o endpoint=http://127.0.0.1:"
+check_direct_run scripts/kafka.sh "--changelog kafka://127.0.0.1:"
 
 log "all checks passed"

@@ -11,7 +11,9 @@ use std::time::Duration;
 /// the newest valid snapshot plus a replay of the changelog after it.
 ///
 /// Exit codes: 0 ok; 1 internal error (a bug: please report it); 2 usage;
-/// 3 config (bad input, missing repository: fix it); 4 not found;
+/// 3 config (bad input, missing credentials: fix it); 4 not found (no
+/// repository there: `statesnap init --repo URL`; a store without
+/// snapshots; a missing snapshot or key);
 /// 5 corrupt (a check failed; `verify` found problems); 6 stale (valid data
 /// that can no longer be used safely); 7 transient (unreachable server,
 /// timeout, lock held: retry); 8 local I/O (permissions, full disk);
@@ -102,9 +104,10 @@ pub struct BenchArgs {
 #[derive(Debug, Clone, Args)]
 pub struct RepoArgs {
     /// Repository URL: file:///DIR, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX,
-    /// az://CONTAINER/PREFIX. Credentials come from the environment as
-    /// object_store reads them (AWS_*, GOOGLE_*, AZURE_*).
-    #[arg(long, env = "STATESNAP_REPO", value_name = "URL")]
+    /// az://CONTAINER/PREFIX; a plain path (/srv/repo, ./repo) is a local
+    /// directory, as file:// of its absolute path. Credentials come from the
+    /// environment as object_store reads them (AWS_*, GOOGLE_*, AZURE_*).
+    #[arg(long, env = "STATESNAP_REPO", value_name = "URL", value_parser = parse_repo)]
     pub repo: String,
     /// Backend option KEY=VALUE (repeatable), e.g. -o endpoint=http://127.0.0.1:9000
     /// -o allow_http=true -o region=us-east-1.
@@ -343,11 +346,12 @@ pub enum StoreKind {
 
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
-    /// Working directory (default: a new `statesnap-demo-<time>` under the
-    /// current one, removed at the end unless --keep).
+    /// Working directory, relative to the current one (default: a new
+    /// `statesnap-demo-*` under $TMPDIR); removed at the end unless --keep.
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Keep the working directory (store, changelog, repository).
+    /// Keep the working directory (store, changelog, repository) and print
+    /// commands to try on it.
     #[arg(long)]
     pub keep: bool,
     /// Users (each has a count and a last-seen key).
@@ -360,8 +364,9 @@ pub struct DemoArgs {
     #[arg(long, value_enum, default_value_t = default_store())]
     pub store: StoreKind,
     /// Repository URL instead of one in the working directory (e.g. an S3
-    /// bucket: s3://BUCKET/PREFIX with -o options).
-    #[arg(long, value_name = "URL")]
+    /// bucket: s3://BUCKET/PREFIX with -o options; a plain path is a local
+    /// directory).
+    #[arg(long, value_name = "URL", value_parser = parse_repo)]
     pub repo: Option<String>,
     /// Backend option KEY=VALUE for --repo (repeatable).
     #[arg(short = 'o', long = "option", value_name = "KEY=VALUE", value_parser = parse_kv)]
@@ -377,6 +382,36 @@ fn default_store() -> StoreKind {
     {
         StoreKind::Memory
     }
+}
+
+/// A repository URL as given, or a plain local path (no `SCHEME:`) as the
+/// `file://` URL of its absolute path (relative to the current directory).
+pub fn parse_repo(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("expected a repository URL or a directory path".to_owned());
+    }
+    // A scheme is letters, digits, `+-.` after a letter, then `:`; a Windows
+    // drive letter (`C:`) is a path.
+    let has_scheme = s.split_once(':').is_some_and(|(scheme, _)| {
+        scheme.len() > 1
+            && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    });
+    if has_scheme {
+        return Ok(s.to_owned());
+    }
+    let abs = std::path::absolute(s)
+        .map_err(|e| format!("cannot make the repository path `{s}` absolute: {e}"))?;
+    url::Url::from_file_path(&abs)
+        .map(String::from)
+        .map_err(|()| {
+            format!(
+                "cannot turn the repository path `{}` into a file:// URL",
+                abs.display()
+            )
+        })
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -420,6 +455,21 @@ mod tests {
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
         assert!(parse_duration("7w").is_err());
         assert!(parse_duration("h").is_err());
+    }
+
+    #[test]
+    fn a_plain_repository_path_becomes_a_file_url() {
+        assert_eq!(parse_repo("s3://b/p").unwrap(), "s3://b/p");
+        assert_eq!(parse_repo("file:///srv/r").unwrap(), "file:///srv/r");
+        assert_eq!(parse_repo("/srv/my repo").unwrap(), "file:///srv/my%20repo");
+        let cwd = std::env::current_dir().unwrap();
+        let rel = parse_repo("./x").unwrap();
+        let back = url::Url::parse(&rel).unwrap().to_file_path().unwrap();
+        assert_eq!(
+            std::path::absolute(back).unwrap(),
+            std::path::absolute(cwd.join("x")).unwrap()
+        );
+        assert!(parse_repo("").is_err());
     }
 
     #[test]

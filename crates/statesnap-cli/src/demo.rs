@@ -98,6 +98,9 @@ impl Zipf {
 
 const PAGES: [&str; 6] = ["/", "/search", "/cart", "/checkout", "/account", "/help"];
 
+/// The demo's snapshot cadence in changelog records.
+const SNAPSHOT_RECORDS: u64 = 25_000;
+
 /// What the workload left: the model of the state, and figures.
 struct Written {
     model: HashMap<Vec<u8>, Vec<u8>>,
@@ -161,11 +164,21 @@ fn log(dir: &Path) -> Result<FileChangelog> {
     FileChangelog::open(dir.join("changelog"), id, Default::default())
 }
 
-async fn repository(a: &DemoArgs, dir: &Path) -> Result<statesnap::Repository> {
-    let url = a
-        .repo
+/// The demo's repository URL: `--repo`, or `repo/` in the working
+/// directory.
+fn repository_url(a: &DemoArgs, dir: &Path) -> String {
+    a.repo
         .clone()
-        .unwrap_or_else(|| format!("file://{}", dir.join("repo").display()));
+        .unwrap_or_else(|| file_url(&dir.join("repo")))
+}
+
+/// `file://` URL of an absolute path.
+fn file_url(p: &Path) -> String {
+    url::Url::from_file_path(p).map_or_else(|()| format!("file://{}", p.display()), String::from)
+}
+
+async fn repository(a: &DemoArgs, dir: &Path) -> Result<statesnap::Repository> {
+    let url = repository_url(a, dir);
     let opts = statesnap::RepositoryOptions {
         store_options: a.options.iter().cloned().collect(),
         ..Default::default()
@@ -180,12 +193,15 @@ async fn repository(a: &DemoArgs, dir: &Path) -> Result<statesnap::Repository> {
 async fn run_with<K: DemoStore>(a: &DemoArgs, dir: &Path, out: Out) -> Result<serde_json::Value> {
     let repo = repository(a, dir).await?;
     let events = a.keys * a.updates_per_key;
-    // Background snapshots: every 2 s or every twentieth of the workload's
-    // records, whichever comes first, at most five a second. The crash
-    // comes at the end, so the tail is what came after the last one.
+    // Background snapshots every SNAPSHOT_RECORDS changelog records (a
+    // quarter of a shorter workload), at most five a second — a cadence
+    // that does not grow with the workload, as a production policy's would
+    // not. The crash comes at the end, so the tail is what came after the
+    // last snapshot: about as long at any history length, while a full
+    // replay grows with the history.
+    let every_records = SNAPSHOT_RECORDS.min(events / 4).max(1);
     let policy = SnapshotPolicy::manual()
-        .every(Duration::from_secs(2))
-        .every_records((events / 20).max(1))
+        .every_records(every_records)
         .min_interval(Duration::from_millis(200));
     let manager = StateManager::builder(repo.clone()).policy(policy).build()?;
 
@@ -259,6 +275,7 @@ async fn run_with<K: DemoStore>(a: &DemoArgs, dir: &Path, out: Out) -> Result<se
         "live_keys": written.model.len(),
         "write_seconds": written.took.as_secs_f64(),
         "background_snapshots": written.snapshots,
+        "snapshot_every_records": every_records,
         "snapshot_restore": {
             "source": snap_report.source.to_string(),
             "seconds": snap_time.as_secs_f64(),
@@ -329,15 +346,25 @@ fn short_digest(d: &LogicalDigest) -> String {
     }
 }
 
-/// The demo's directory: `--dir`, or a fresh `statesnap-demo-<time>` under
-/// the current directory.
+/// The demo's directory: `--dir` (relative to the current directory), or
+/// a fresh `statesnap-demo-*` in the system's temporary directory.
 fn demo_dir(a: &DemoArgs) -> Result<PathBuf> {
     let dir = match &a.dir {
         Some(d) => d.clone(),
         None => {
-            use statesnap::clock::Clock as _;
-            let stamp = statesnap::clock::SystemClock.now_ms() / 1000;
-            PathBuf::from(format!("statesnap-demo-{stamp}"))
+            let t = tempfile::Builder::new()
+                .prefix("statesnap-demo-")
+                .tempdir()
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::Io,
+                        "cannot create the demo directory in the system's temporary directory; \
+                         set TMPDIR to a writable one or give --dir",
+                    )
+                    .with_source(e)
+                })?;
+            // Removed by the demo itself at the end (unless --keep).
+            t.keep()
         }
     };
     // Absolute: the local repository's `file://` URL is made from it.
@@ -397,8 +424,16 @@ pub async fn run(a: &DemoArgs, out: Out) -> Result<ExitCode> {
     if !a.keep {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let result = result?;
+    let mut result = result?;
     let equal = result["digests_equal"] == true;
+    if a.keep {
+        let next = next_steps(a, &dir);
+        if out.json {
+            result["kept"] = next.json();
+        } else {
+            next.print();
+        }
+    }
     if out.json {
         out.json(&result);
     }
@@ -407,4 +442,84 @@ pub async fn run(a: &DemoArgs, out: Out) -> Result<ExitCode> {
     } else {
         ExitCode::from(out::exit_code(ErrorKind::Internal))
     })
+}
+
+/// What `--keep` leaves to look at, and commands to try on it.
+struct NextSteps {
+    dir: PathBuf,
+    repository: String,
+    changelog: String,
+    store: &'static str,
+    /// Each command's arguments after `statesnap`.
+    commands: Vec<Vec<String>>,
+}
+
+fn next_steps(a: &DemoArgs, dir: &Path) -> NextSteps {
+    let repository = repository_url(a, dir);
+    let changelog = file_url(&dir.join("changelog"));
+    let store = "demo/users/0";
+    let mut repo_args = vec!["--repo".to_owned(), repository.clone()];
+    for (k, v) in &a.options {
+        repo_args.push("-o".to_owned());
+        repo_args.push(format!("{k}={v}"));
+    }
+    let cmd = |words: &[&str]| -> Vec<String> {
+        let mut c: Vec<String> = words.iter().map(|w| (*w).to_owned()).collect();
+        c.extend(repo_args.iter().cloned());
+        c
+    };
+    let target = dir.join("restored-by-cli").display().to_string();
+    let commands = vec![
+        cmd(&["list", store, "--changelog", &changelog]),
+        cmd(&["verify", store, "--deep"]),
+        cmd(&["restore", store, "--changelog", &changelog, "--to", &target]),
+    ];
+    NextSteps {
+        dir: dir.to_path_buf(),
+        repository,
+        changelog,
+        store,
+        commands,
+    }
+}
+
+impl NextSteps {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "dir": self.dir.display().to_string(),
+            "repository": self.repository,
+            "changelog": self.changelog,
+            "store": self.store,
+            "commands": self.commands.iter().map(|c| {
+                let mut argv = vec!["statesnap".to_owned()];
+                argv.extend(c.iter().cloned());
+                argv
+            }).collect::<Vec<_>>(),
+        })
+    }
+
+    fn print(&self) {
+        println!();
+        println!("kept in {}:", self.dir.display());
+        println!("  repository  {}", self.repository);
+        println!("  changelog   {}", self.changelog);
+        println!("  store       {}", self.store);
+        println!("try next:");
+        for c in &self.commands {
+            let words: Vec<String> = c.iter().map(|w| shell_word(w)).collect();
+            println!("  statesnap {}", words.join(" "));
+        }
+    }
+}
+
+/// `w` as one shell word: as is when it is safe, else single-quoted.
+fn shell_word(w: &str) -> String {
+    let safe = !w.is_empty()
+        && w.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-:=%+,@".contains(c));
+    if safe {
+        w.to_owned()
+    } else {
+        format!("'{}'", w.replace('\'', "'\\''"))
+    }
 }

@@ -175,6 +175,18 @@ pub fn age(created_ms: i64, now_ms: i64) -> String {
     }
 }
 
+/// A duration the way `--grace` takes it: `7d`, `12h`, `30m`, `90s`.
+pub fn duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{} ms", d.as_millis()),
+        s if s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+        s if s.is_multiple_of(3600) => format!("{}h", s / 3600),
+        s if s.is_multiple_of(60) => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
 /// Seconds with millisecond precision.
 pub fn secs(d: Duration) -> String {
     format!("{:.3} s", d.as_secs_f64())
@@ -236,5 +248,63 @@ mod tests {
         assert_eq!(json_bytes(&[0xff]), serde_json::json!({"hex": "ff"}));
         assert_eq!(age(0, 90_000), "1m 30s");
         assert_eq!(age(0, 2 * 86_400_000 + 3_600_000), "2d 1h");
+        assert_eq!(duration(Duration::from_secs(3600)), "1h");
+        assert_eq!(duration(Duration::from_secs(90)), "90s");
+    }
+
+    /// The exit-code tables of the README and docs/cli.md say what
+    /// [`exit_code`] does, row by row, and leave no kind out.
+    #[test]
+    fn the_documented_exit_codes_are_the_ones_returned() {
+        let kinds = [
+            ErrorKind::Internal,
+            ErrorKind::Config,
+            ErrorKind::NotFound,
+            ErrorKind::Corrupt,
+            ErrorKind::Stale,
+            ErrorKind::Transient,
+            ErrorKind::Io,
+            ErrorKind::AlreadyExists,
+            ErrorKind::Cancelled,
+        ];
+        for (name, doc) in [
+            ("README.md", include_str!("../../../README.md")),
+            ("docs/cli.md", include_str!("../../../docs/cli.md")),
+        ] {
+            let section = doc
+                .split("| code | kind |")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{name}: no `| code | kind |` table"));
+            let mut rows = Vec::new();
+            for line in section.lines().skip(2) {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                if cells.len() < 3 || !line.starts_with('|') {
+                    break;
+                }
+                let code: u8 = cells[1]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{name}: {line}"));
+                rows.push((code, cells[2].to_owned()));
+            }
+            let mut documented = Vec::new();
+            for (code, kind) in &rows {
+                let expected = match kind.as_str() {
+                    "ok" => 0,
+                    "usage" => 2,
+                    k => {
+                        let kind = kinds
+                            .iter()
+                            .find(|x| x.as_str() == k)
+                            .unwrap_or_else(|| panic!("{name}: unknown kind `{k}`"));
+                        documented.push(*kind);
+                        exit_code(*kind)
+                    }
+                };
+                assert_eq!(*code, expected, "{name}: the row of `{kind}`");
+            }
+            for k in kinds {
+                assert!(documented.contains(&k), "{name}: no row for `{k}`");
+            }
+        }
     }
 }

@@ -35,6 +35,8 @@ fn print(reports: &[GcReport], dry_run: bool, grace: Duration, out: Out) {
                 "blobs_deleted": r.blobs_deleted.len(),
                 "bytes_deleted": r.bytes_deleted,
                 "blobs_spared": r.blobs_spared,
+                "blobs_too_young": r.blobs_too_young,
+                "bytes_too_young": r.bytes_too_young,
             })).collect::<Vec<_>>(),
         }));
         return;
@@ -67,13 +69,25 @@ fn print(reports: &[GcReport], dry_run: bool, grace: Duration, out: Out) {
             println!("{verb} drop {sk} snapshot {id}: {why}");
         }
     }
+    // Unreferenced blobs the grace period protects: say so, or a run that
+    // condemns nothing looks like one that found nothing.
+    let young: usize = reports.iter().map(|r| r.blobs_too_young).sum();
+    if young > 0 {
+        let young_bytes: u64 = reports.iter().map(|r| r.bytes_too_young).sum();
+        println!(
+            "{young} unreferenced blobs ({}) are younger than the grace period ({}) and were not \
+             condemned; a run after they are older condemns them (or pass a shorter --grace)",
+            out::bytes(young_bytes),
+            out::duration(grace),
+        );
+    }
     let condemned: u64 = reports.iter().map(|r| r.bytes_condemned).sum();
     let freed: u64 = reports.iter().map(|r| r.bytes_deleted).sum();
     println!(
         "{} freed now; {} condemned, deleted by a gc run {} from now or later{}",
         out::bytes(freed),
         out::bytes(condemned),
-        out::secs(grace),
+        out::duration(grace),
         if dry_run {
             " (dry run: nothing changed)"
         } else {

@@ -84,6 +84,11 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
     let repo = open_repo(&a.repo).await?;
     let sk = store_key(&a.store.store)?;
     let listing = repo.list_snapshots(&sk).await?;
+    // No snapshots and no manifests at all: the store does not exist here
+    // (as for `show`), likely a misspelling or another partition.
+    if listing.snapshots.is_empty() && listing.unreadable.is_empty() {
+        return Err(super::store_not_found(&repo, &sk).await);
+    }
     // With the changelog, the restore plan says which snapshots a restore
     // could use, and why not the others.
     let verdicts = match &a.changelog {
@@ -140,10 +145,6 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
                 "key": u.key, "kind": u.kind.as_str(), "reason": u.reason,
             })).collect::<Vec<_>>(),
         }));
-        return Ok(ExitCode::SUCCESS);
-    }
-    if listing.snapshots.is_empty() && listing.unreadable.is_empty() {
-        println!("store {sk} has no snapshots");
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = out.table(&[
@@ -270,7 +271,14 @@ pub async fn clone(a: &crate::args::CloneArgs, out: Out) -> Result<ExitCode> {
             "blobs_copied": r.blobs_copied,
             "bytes_copied": r.bytes_copied,
             "blobs_shared": r.blobs_shared,
+            "already_present": r.already_present,
         }));
+    } else if r.already_present {
+        println!(
+            "already present: {to} holds this snapshot of {from} as {} at offset {}; nothing \
+             copied",
+            m.snapshot_id, m.changelog.offset
+        );
     } else {
         println!(
             "cloned {from} to {to} as snapshot {} at offset {} ({} blobs copied, {}; {} already there)",

@@ -54,9 +54,54 @@ pub fn store_key(s: &str) -> Result<StoreKey> {
     StoreKey::new(app, store, partition)
 }
 
-/// Snapshot `id` of `sk` (`latest`: the newest valid one).
+/// Snapshot `id` of `sk` (`latest`: the newest valid one). When the store
+/// has no snapshots at all, the not-found error names similar stores.
 pub async fn snapshot(repo: &Repository, sk: &StoreKey, id: &str) -> Result<SnapshotInfo> {
-    repo.snapshot_or_latest(sk, snapshot_id(id)?).await
+    match repo.snapshot_or_latest(sk, snapshot_id(id)?).await {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            let listing = repo.list_snapshots(sk).await?;
+            if listing.snapshots.is_empty() && listing.unreadable.is_empty() {
+                Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "{}; the store has no snapshots: {}",
+                        e.message(),
+                        similar_stores_hint(repo, sk).await
+                    ),
+                ))
+            } else {
+                Err(e)
+            }
+        }
+        r => r,
+    }
+}
+
+/// Not found: store `sk` has no snapshots (`list`), with similar stores.
+pub async fn store_not_found(repo: &Repository, sk: &StoreKey) -> Error {
+    Error::new(
+        ErrorKind::NotFound,
+        format!(
+            "store has no snapshots store_key=`{sk}` repository=`{}`; {}",
+            repo.url(),
+            similar_stores_hint(repo, sk).await
+        ),
+    )
+}
+
+/// "did you mean" with store partitions close to `sk` (other partitions
+/// of the same store, near spellings), or where to look.
+async fn similar_stores_hint(repo: &Repository, sk: &StoreKey) -> String {
+    let similar = repo.similar_stores(sk, 5).await.unwrap_or_default();
+    if similar.is_empty() {
+        "`statesnap stores` lists the stores that have some".to_owned()
+    } else {
+        let names: Vec<String> = similar.iter().map(|k| format!("`{k}`")).collect();
+        format!(
+            "did you mean {}? (`statesnap stores` lists every store)",
+            names.join(", ")
+        )
+    }
 }
 
 /// A snapshot id argument: `latest` is `None`.

@@ -279,6 +279,14 @@ impl Repository {
         Ok(out)
     }
 
+    /// Up to `limit` store partitions of the repository whose names are
+    /// close to `sk` (for a "did you mean" when `sk` has no snapshots): the
+    /// same application and store with other partitions first, then keys
+    /// a few edits away; closest first. `sk` itself is never among them.
+    pub async fn similar_stores(&self, sk: &StoreKey, limit: usize) -> Result<Vec<StoreKey>> {
+        Ok(similar_store_keys(sk, &self.list_stores().await?, limit))
+    }
+
     /// Every store partition with a folder in the repository, sorted.
     pub async fn list_stores(&self) -> Result<Vec<StoreKey>> {
         let prefix = paths::stores_prefix();
@@ -295,5 +303,79 @@ impl Repository {
         out.sort();
         out.dedup();
         Ok(out)
+    }
+}
+
+/// The ranking behind [`Repository::similar_stores`].
+pub(crate) fn similar_store_keys(
+    sk: &StoreKey,
+    candidates: &[StoreKey],
+    limit: usize,
+) -> Vec<StoreKey> {
+    let want = sk.to_string();
+    let mut scored: Vec<(usize, &StoreKey)> = candidates
+        .iter()
+        .filter(|c| *c != sk)
+        .filter_map(|c| {
+            if c.application() == sk.application() && c.store() == sk.store() {
+                // Another partition of the same store: closest of all.
+                return Some((0, c));
+            }
+            let d = edit_distance(&want, &c.to_string());
+            (d <= (want.len() / 4).max(2)).then_some((d, c))
+        })
+        .collect();
+    scored.sort();
+    scored
+        .into_iter()
+        .take(limit)
+        .map(|(_, c)| c.clone())
+        .collect()
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let subst = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = subst.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod similar_tests {
+    use super::*;
+
+    fn k(a: &str, s: &str, p: u32) -> StoreKey {
+        StoreKey::new(a, s, p).unwrap()
+    }
+
+    #[test]
+    fn similar_stores_put_other_partitions_first_then_near_names() {
+        let all = vec![
+            k("shop", "carts", 0),
+            k("shop", "carts", 3),
+            k("shop", "cart", 1),
+            k("shop", "orders", 1),
+            k("billing", "invoices", 1),
+        ];
+        let got = similar_store_keys(&k("shop", "carts", 1), &all, 5);
+        assert_eq!(
+            got,
+            vec![
+                k("shop", "carts", 0),
+                k("shop", "carts", 3),
+                k("shop", "cart", 1)
+            ]
+        );
+        assert_eq!(similar_store_keys(&k("shop", "carts", 1), &all, 1).len(), 1);
+        assert!(similar_store_keys(&k("zzz", "yyy", 9), &all, 5).is_empty());
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 }

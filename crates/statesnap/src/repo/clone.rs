@@ -5,7 +5,7 @@
 use futures::{StreamExt, TryStreamExt};
 
 use super::manifest::{ManifestDraft, ManifestExtras};
-use super::{BlobRef, Manifest, Repository, SnapshotId, SnapshotWriter, StoreKey};
+use super::{BlobHash, BlobRef, Manifest, Repository, SnapshotId, SnapshotWriter, StoreKey};
 use crate::error::{Error, Result};
 
 /// What [`Repository::clone_snapshot`] did.
@@ -19,6 +19,10 @@ pub struct CloneReport {
     pub bytes_copied: u64,
     /// Blobs the target store already had.
     pub blobs_shared: usize,
+    /// The target already held this snapshot (same changelog position,
+    /// format and files): nothing was copied or committed, and
+    /// [`CloneReport::manifest`] is the target's existing copy.
+    pub already_present: bool,
 }
 
 impl Repository {
@@ -31,7 +35,9 @@ impl Repository {
     /// alone; a delta's chain is flattened because its files are all named).
     ///
     /// The copy still names the *source's* changelog (topic, partition,
-    /// lineage): restoring it needs that changelog. Fails `config` when
+    /// lineage): restoring it needs that changelog. If `to` already holds
+    /// the same snapshot (same changelog position, format and files), nothing
+    /// is copied and the report says `already_present`. Fails `config` when
     /// `from == to`, `not_found` when there is no such snapshot, `corrupt`
     /// when a blob fails its check (nothing is committed then).
     pub async fn clone_snapshot(
@@ -48,6 +54,22 @@ impl Repository {
         }
         let source = self.snapshot_or_latest(from, id).await?;
         let m = source.manifest;
+        // Cloning the same snapshot again is a no-op: a second copy would
+        // be a duplicate the target's listing shows twice.
+        let existing = self.list_snapshots(to).await?;
+        if let Some(same) = existing
+            .snapshots
+            .iter()
+            .find(|s| same_snapshot(&s.manifest, &m))
+        {
+            return Ok(CloneReport {
+                manifest: same.manifest.clone(),
+                blobs_copied: 0,
+                bytes_copied: 0,
+                blobs_shared: 0,
+                already_present: true,
+            });
+        }
         let mut distinct: Vec<BlobRef> = m.files.iter().map(BlobRef::from).collect();
         distinct.sort_by_key(|b| b.hash);
         distinct.dedup_by_key(|b| b.hash);
@@ -98,6 +120,28 @@ impl Repository {
             blobs_copied: copied.iter().flatten().count(),
             bytes_copied: copied.iter().flatten().sum(),
             blobs_shared: copied.iter().filter(|c| c.is_none()).count(),
+            already_present: false,
         })
     }
+}
+
+/// Whether `a` holds the same snapshot as `b`: the same changelog
+/// position, format and files (ids, parents and times differ between a
+/// snapshot and its copy).
+fn same_snapshot(a: &Manifest, b: &Manifest) -> bool {
+    fn files(m: &Manifest) -> Vec<(&str, u64, BlobHash)> {
+        let mut f: Vec<(&str, u64, BlobHash)> = m
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.size, f.blake3))
+            .chain(
+                m.inline_files
+                    .iter()
+                    .map(|f| (f.path.as_str(), f.size, f.blake3)),
+            )
+            .collect();
+        f.sort();
+        f
+    }
+    a.changelog == b.changelog && a.store_format == b.store_format && files(a) == files(b)
 }

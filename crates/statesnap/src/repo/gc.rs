@@ -104,6 +104,11 @@ pub struct GcReport {
     pub bytes_deleted: u64,
     /// Condemned blobs spared because a manifest references them again.
     pub blobs_spared: usize,
+    /// Blobs no kept manifest references that were not condemned because
+    /// they are younger than the grace period (a later run condemns them).
+    pub blobs_too_young: usize,
+    /// Bytes of those blobs.
+    pub bytes_too_young: u64,
     /// Records sealed by this run.
     pub records_sealed: usize,
     /// Records swept and removed by this run.
@@ -397,6 +402,16 @@ impl Repository {
                 size: *size,
             })
             .collect();
+        for (h, (size, modified)) in &blobs {
+            if *modified >= cutoff
+                && !referenced.contains(h)
+                && !pending.contains(h)
+                && !swept.contains(h)
+            {
+                report.blobs_too_young += 1;
+                report.bytes_too_young += size;
+            }
+        }
         if !victims.is_empty() {
             report.bytes_condemned = victims.iter().map(|b| b.size).sum();
             if !dry {

@@ -353,11 +353,7 @@ impl Repository {
     }
 
     fn no_repository(&self) -> Error {
-        Error::not_found(format!(
-            "no statesnap repository at url=`{}`; create one with `statesnap init {}` or \
-             `Repository::init`",
-            self.url, self.url
-        ))
+        no_repository(&self.url)
     }
 
     /// Builds the object store for `url` without touching the marker.
@@ -368,7 +364,8 @@ impl Repository {
     ) -> Result<Repository> {
         let parsed = url::Url::parse(url).map_err(|e| {
             Error::config(format!(
-                "invalid repository url url=`{}`",
+                "invalid repository url url=`{}`; a local directory is written \
+                 file:///ABSOLUTE/PATH (the statesnap command also takes a plain path)",
                 url.escape_debug()
             ))
             .with_source(e)
@@ -381,6 +378,14 @@ impl Repository {
                         "invalid file url: not an absolute local path url=`{url}`"
                     ))
                 })?;
+                if dir.exists() && !dir.is_dir() {
+                    return Err(Error::config(format!(
+                        "the repository path is a file, not a repository directory url=`{url}` \
+                         path=`{}`; name the directory the repository is in (or, for init, a \
+                         new one)",
+                        dir.display()
+                    )));
+                }
                 if create_dir {
                     tokio::fs::create_dir_all(&dir).await.map_err(|e| {
                         Error::io(
@@ -392,10 +397,7 @@ impl Repository {
                         )
                     })?;
                 } else if !dir.is_dir() {
-                    return Err(Error::not_found(format!(
-                        "no statesnap repository at url=`{url}`; create one with `statesnap init \
-                         {url}` or `Repository::init`"
-                    )));
+                    return Err(no_repository(url));
                 }
                 // fsync: a blob must be durable before a manifest names it.
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
@@ -418,9 +420,11 @@ impl Repository {
                         parse_config_key::<object_store::aws::AmazonS3ConfigKey>(k, "aws_", url)?;
                     b = b.with_config(key, v);
                 }
-                let s3 = b
-                    .build()
-                    .map_err(|e| map_store_error(e, &format!("cannot configure s3 url=`{url}`")))?;
+                check_s3_credentials(&b, url).await?;
+                // The builder does no I/O: whatever it refuses is configuration.
+                let s3 = b.build().map_err(|e| {
+                    Error::config(format!("cannot configure s3 url=`{url}`: {e}")).with_source(e)
+                })?;
                 (Arc::new(s3), parsed.path().to_owned())
             }
             "gs" => {
@@ -431,7 +435,7 @@ impl Repository {
                     b = b.with_config(key, v);
                 }
                 let gcs = b.build().map_err(|e| {
-                    map_store_error(e, &format!("cannot configure gcs url=`{url}`"))
+                    Error::config(format!("cannot configure gcs url=`{url}`: {e}")).with_source(e)
                 })?;
                 (Arc::new(gcs), parsed.path().to_owned())
             }
@@ -443,7 +447,7 @@ impl Repository {
                     b = b.with_config(key, v);
                 }
                 let az = b.build().map_err(|e| {
-                    map_store_error(e, &format!("cannot configure azure url=`{url}`"))
+                    Error::config(format!("cannot configure azure url=`{url}`: {e}")).with_source(e)
                 })?;
                 (Arc::new(az), parsed.path().to_owned())
             }
@@ -459,6 +463,89 @@ impl Repository {
         repo.local = local;
         Ok(repo)
     }
+}
+
+/// The error for a location without a repository marker: how to create one.
+fn no_repository(url: &str) -> Error {
+    Error::not_found(format!(
+        "no statesnap repository at url=`{url}`; create one with `statesnap init --repo {url}` \
+         (or `Repository::init`)"
+    ))
+}
+
+/// How long the instance metadata endpoint gets to accept a connection
+/// before S3 credentials are declared missing.
+const METADATA_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Refuses, as configuration, an S3 repository with no credentials.
+///
+/// With no static key pair, web identity or container credentials
+/// configured (environment or options), `object_store` fetches credentials
+/// from the EC2 instance metadata endpoint — and off EC2, every request
+/// then fails after minutes of retries as if the server were down
+/// (transient). So the endpoint is probed once (a TCP connect, at most
+/// [`METADATA_PROBE_TIMEOUT`]): on EC2 it answers and instance-profile
+/// credentials work as before; elsewhere the missing settings are named.
+async fn check_s3_credentials(b: &object_store::aws::AmazonS3Builder, url: &str) -> Result<()> {
+    use object_store::aws::AmazonS3ConfigKey as K;
+    let has = |k: K| b.get_config_value(&k).is_some_and(|v| !v.is_empty());
+    let key_id = has(K::AccessKeyId);
+    let secret = has(K::SecretAccessKey);
+    match (key_id, secret) {
+        (true, true) => return Ok(()),
+        (true, false) => {
+            return Err(Error::config(format!(
+                "s3 credentials are incomplete: an access key id without its secret url=`{url}`; \
+                 set AWS_SECRET_ACCESS_KEY (or -o secret_access_key=…)"
+            )));
+        }
+        (false, true) => {
+            return Err(Error::config(format!(
+                "s3 credentials are incomplete: a secret access key without its key id \
+                 url=`{url}`; set AWS_ACCESS_KEY_ID (or -o access_key_id=…)"
+            )));
+        }
+        (false, false) => {}
+    }
+    let skip = b
+        .get_config_value(&K::SkipSignature)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let web_identity = has(K::WebIdentityTokenFile) && has(K::RoleArn);
+    let container = has(K::ContainerCredentialsRelativeUri)
+        || (has(K::ContainerCredentialsFullUri) && has(K::ContainerAuthorizationTokenFile));
+    if skip || web_identity || container {
+        return Ok(());
+    }
+    let endpoint = b
+        .get_config_value(&K::MetadataEndpoint)
+        .unwrap_or_else(|| "http://169.254.169.254".to_owned());
+    let addr = url::Url::parse(&endpoint).ok().and_then(|u| {
+        Some((
+            u.host_str()?.trim_matches(['[', ']']).to_owned(),
+            u.port_or_known_default()?,
+        ))
+    });
+    let answered = match addr {
+        Some((host, port)) => matches!(
+            tokio::time::timeout(
+                METADATA_PROBE_TIMEOUT,
+                tokio::net::TcpStream::connect((host.as_str(), port))
+            )
+            .await,
+            Ok(Ok(_))
+        ),
+        None => false,
+    };
+    if answered {
+        return Ok(());
+    }
+    Err(Error::config(format!(
+        "no s3 credentials url=`{url}`: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or -o \
+         access_key_id=… -o secret_access_key=…), or AWS_WEB_IDENTITY_TOKEN_FILE with \
+         AWS_ROLE_ARN, or for a public bucket -o skip_signature=true (without them credentials \
+         come from the EC2 instance metadata endpoint, which did not answer \
+         metadata_endpoint=`{endpoint}`)"
+    )))
 }
 
 fn parse_config_key<K: std::str::FromStr>(key: &str, prefix: &str, url: &str) -> Result<K> {
@@ -514,4 +601,58 @@ pub(crate) fn map_store_error(e: object_store::Error, context: &str) -> Error {
         _ => (ErrorKind::Transient, "object store request failed"),
     };
     Error::new(kind, format!("{context}: {what}")).with_source(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
+
+    /// A builder that ignores the environment, its instance metadata
+    /// endpoint on a closed loopback port (standing in for "not on EC2").
+    fn s3() -> AmazonS3Builder {
+        AmazonS3Builder::new()
+            .with_url("s3://bucket/prefix")
+            .with_config(K::Endpoint, "http://127.0.0.1:9")
+            .with_config(K::MetadataEndpoint, "http://127.0.0.1:9")
+    }
+
+    #[tokio::test]
+    async fn missing_or_half_s3_credentials_are_config() {
+        let url = "s3://bucket/prefix";
+        let e = check_s3_credentials(&s3(), url).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+        for half in [K::AccessKeyId, K::SecretAccessKey] {
+            let e = check_s3_credentials(&s3().with_config(half, "x"), url)
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+        }
+        let both = s3()
+            .with_config(K::AccessKeyId, "x")
+            .with_config(K::SecretAccessKey, "y");
+        assert!(check_s3_credentials(&both, url).await.is_ok());
+        let public = s3().with_config(K::SkipSignature, "true");
+        assert!(check_s3_credentials(&public, url).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_file_is_not_a_repository_and_a_missing_one_says_how_to_init() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, b"x").unwrap();
+        let url = format!("file://{}", file.display());
+        for init in [false, true] {
+            let e = Repository::connect(&url, RepositoryOptions::default(), init)
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+        }
+        let missing = format!("file://{}", dir.path().join("none").display());
+        let e = Repository::open(&missing, RepositoryOptions::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        assert!(e.message().contains("statesnap init --repo "), "{e}");
+    }
 }
