@@ -1010,15 +1010,16 @@ fn bench_quick_writes_markdown_json_and_a_chart() {
 fn rewrite_manifest(f: &Fixture, id: &str, edit: impl FnOnce(&mut serde_json::Value)) {
     let dir = f.path("repo/stores/shop.carts.0/manifests");
     let path = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
+        .expect("manifests")
+        .map(|e| e.expect("entry").path())
         .find(|p| p.to_string_lossy().contains(id))
         .expect("the snapshot's manifest");
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
     edit(&mut v);
-    let body = statesnap::repo::Manifest::canonical_body(&v).unwrap();
+    let body = statesnap::repo::Manifest::canonical_body(&v).expect("body");
     v["checksum"] = blake3::hash(&body).to_hex().to_string().into();
-    std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).expect("encode")).expect("write");
 }
 
 /// `verify --deep` on RocksDB snapshots (the default store) really

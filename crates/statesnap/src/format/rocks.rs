@@ -68,6 +68,15 @@
 //! ([`crate::snapshot::SnapshotOptions::logical_digest`]) the manifest
 //! records RocksDB's estimates, read at capture, and says they are.
 //!
+//! What it costs: the scan reads every pair, so it grows with the store,
+//! not with what changed, and it sets the pace of an incremental snapshot.
+//! The `rocks_snapshot` bench, 1 M keys, on two cores kept busy by other
+//! builds (load average 8–10), before → after: full snapshot 0.19–0.26 s →
+//! 0.97–1.07 s, incremental (1 % of the keys rewritten) 0.044–0.048 s →
+//! 0.86–0.99 s. (Following the changes instead — the previous checkpoint's
+//! digest adjusted by the keys its successor's new files hold — would make
+//! it proportional to the change; not done yet.)
+//!
 //! # Space amplification
 //!
 //! An LSM store holds more bytes than its live data: overwritten and deleted
@@ -473,7 +482,7 @@ fn scan_range(
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
         digest.add(k, v);
         logical_bytes += (k.len() + v.len()) as u64;
-        if digest.keys() % 4096 == 0 && stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if digest.keys().is_multiple_of(4096) && stop.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
         it.next();
