@@ -158,6 +158,24 @@ pub fn problems_found() -> ExitCode {
     ExitCode::from(exit_code(ErrorKind::Corrupt))
 }
 
+/// A snapshot's key count and whether it is exact: counted at snapshot
+/// time ([`statesnap::Manifest::exact_keys`]), else the store's estimate
+/// the manifest recorded.
+pub fn keys_figure(m: &statesnap::Manifest) -> (u64, bool) {
+    match m.exact_keys() {
+        Some(k) => (k, true),
+        None => (m.stats.keys, false),
+    }
+}
+
+/// [`keys_figure`] for a table: `159602`, or `~231542` for an estimate.
+pub fn keys_text(m: &statesnap::Manifest) -> String {
+    match keys_figure(m) {
+        (k, true) => k.to_string(),
+        (k, false) => format!("~{k}"),
+    }
+}
+
 /// `1.2 GiB`-style sizes.
 pub fn bytes(n: u64) -> String {
     indicatif::BinaryBytes(n).to_string()

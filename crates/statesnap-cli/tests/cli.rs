@@ -1366,3 +1366,153 @@ fn the_demo_snapshot_cadence_does_not_grow_with_the_history() {
     assert_eq!(short, long, "the cadence is the same for twice the history");
     assert!(short > 0);
 }
+
+/// Edits the manifest of snapshot `id` with `edit` and reseals it (a
+/// correct checksum), as an older or buggy writer would have written it.
+fn rewrite_manifest(f: &Fixture, id: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let dir = f.path("repo/stores/shop.carts.0/manifests");
+    let path = std::fs::read_dir(&dir)
+        .expect("manifests")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.to_string_lossy().contains(id))
+        .expect("the snapshot's manifest");
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+    edit(&mut v);
+    let body = statesnap::repo::Manifest::canonical_body(&v).expect("body");
+    v["checksum"] = blake3::hash(&body).to_hex().to_string().into();
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).expect("encode")).expect("write");
+}
+
+/// `verify --deep` on RocksDB snapshots (the default store) really
+/// compares: their manifests record a digest, the restored contents match
+/// it, and a digest that disagrees with the (intact) blobs fails with exit
+/// code 5.
+#[test]
+fn verify_deep_compares_a_rocksdb_snapshots_recorded_digest() {
+    let f = fixture();
+    let deep = run_json(&f, &["verify", STORE, "--deep"], 0);
+    let d = &deep["deep"][0];
+    assert_eq!(d["status"], "matched", "{deep}");
+    assert_eq!(d["digest_compared"], true, "{deep}");
+    assert_eq!(d["ok"], true, "{deep}");
+    assert_eq!(d["expected_digest"], d["actual_digest"], "{deep}");
+    assert_eq!(d["keys"], 299, "{deep}");
+    assert_eq!(deep["deep_not_compared"], 0);
+    statesnap()
+        .args(["verify", STORE, "--deep", "--repo", &f.repo_url])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("match the recorded digest"));
+
+    // The newest manifest's digest altered (its key count kept) and resealed.
+    let ids = snapshot_ids(&f);
+    rewrite_manifest(&f, &ids[2], |v| {
+        let d = v["logical_digest"].as_str().unwrap().to_owned();
+        let (keys, sum) = d.split_once(':').unwrap();
+        let flipped = if sum.starts_with('0') { "1" } else { "0" };
+        v["logical_digest"] = format!("{keys}:{flipped}{}", &sum[1..]).into();
+    });
+    let blobs = run_json(&f, &["verify"], 0);
+    assert_eq!(blobs["ok"], true, "the blobs are intact: {blobs}");
+    let bad = run_json(&f, &["verify", STORE, "--deep"], 5);
+    assert_eq!(bad["ok"], false);
+    assert_eq!(bad["deep"][0]["status"], "mismatch", "{bad}");
+    assert_eq!(bad["deep"][0]["digest_compared"], true, "{bad}");
+    assert_eq!(bad["deep"][0]["ok"], false, "{bad}");
+}
+
+/// A manifest that records no digest (as older writers wrote RocksDB
+/// snapshots): `verify --deep` restores it, verifying every blob, and says
+/// it compared nothing — its own status, not "matched" — without failing.
+/// `show` labels its key count as an estimate.
+#[test]
+fn verify_deep_says_when_no_digest_was_recorded() {
+    let f = fixture();
+    let ids = snapshot_ids(&f);
+    rewrite_manifest(&f, &ids[2], |v| {
+        let m = v.as_object_mut().unwrap();
+        m.remove("logical_digest");
+        m["stats"].as_object_mut().unwrap().remove("counts_exact");
+    });
+    let deep = run_json(&f, &["verify", STORE, "--deep"], 0);
+    let d = &deep["deep"][0];
+    assert_eq!(d["snapshot"], ids[2].as_str(), "{deep}");
+    assert_eq!(d["status"], "no_digest_recorded", "{deep}");
+    assert_eq!(d["digest_compared"], false, "{deep}");
+    assert_eq!(d["expected_digest"], serde_json::Value::Null, "{deep}");
+    assert_eq!(deep["deep_not_compared"], 1, "{deep}");
+    statesnap()
+        .args(["verify", STORE, "--deep", "--repo", &f.repo_url])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "no digest recorded: blobs verified only",
+        ));
+    statesnap()
+        .args(["show", STORE, &ids[2], "--repo", &f.repo_url])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("keys (estimate)")
+                .and(predicate::str::contains("none recorded")),
+        );
+    let list = run_json(&f, &["list", STORE], 0);
+    assert_eq!(list["snapshots"][2]["keys_exact"], false, "{list}");
+    assert_eq!(list["snapshots"][1]["keys_exact"], true, "{list}");
+}
+
+/// `show` (and `list`) print the key count counted at snapshot time. The
+/// fixture's second snapshot holds 300 keys, each written twice, in files
+/// that hold both versions: RocksDB's estimate (what `show` printed) counts
+/// about twice as many.
+#[test]
+fn show_prints_the_exact_key_count_of_a_store_with_overwritten_keys() {
+    let f = fixture();
+    let ids = snapshot_ids(&f);
+    // RocksDB's estimate for that snapshot's contents is not 300.
+    let rt = rt();
+    let estimate = rt.block_on(async {
+        let repo = Repository::open(&f.repo_url, Default::default())
+            .await
+            .unwrap();
+        let sk = statesnap::StoreKey::new("shop", "carts", 0).unwrap();
+        let s = repo
+            .get_snapshot(&sk, ids[1].parse().unwrap())
+            .await
+            .unwrap();
+        let dir = f.path("opened");
+        let (store, _) = statesnap::restore::open_snapshot(
+            &statesnap::RocksFormat::default(),
+            &repo,
+            &s.manifest,
+            &dir,
+        )
+        .await
+        .unwrap();
+        store
+            .db()
+            .property_int_value("rocksdb.estimate-num-keys")
+            .unwrap()
+            .unwrap()
+    });
+    assert_ne!(estimate, 300, "the estimate differs from the truth");
+
+    let show = run_json(&f, &["show", STORE, &ids[1]], 0);
+    assert_eq!(show["stats"]["keys"], 300, "{show}");
+    assert_eq!(show["stats"]["counts_exact"], true, "{show}");
+    let text = statesnap()
+        .args(["show", STORE, &ids[1], "--repo", &f.repo_url])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.contains("contents   300 keys (counted)"), "{text}");
+    assert!(!text.contains(&format!("{estimate} keys")), "{text}");
+    let list = run_json(&f, &["list", STORE], 0);
+    assert_eq!(list["snapshots"][1]["keys"], 300, "{list}");
+    assert_eq!(list["snapshots"][1]["keys_exact"], true, "{list}");
+    assert_eq!(list["snapshots"][2]["keys"], 299, "{list}");
+}

@@ -312,6 +312,8 @@ impl StoreFormat for LogFileFormat {
             format_metadata: serde_json::json!({}),
             depends_on: vec![],
             required_features: vec![],
+            // No digest: `verify --deep` says so ("no digest recorded").
+            logical_digest: None,
         })
     }
 

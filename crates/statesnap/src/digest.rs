@@ -60,6 +60,20 @@ impl LogicalDigest {
         self.keys = self.keys.wrapping_sub(1);
     }
 
+    /// Adds every pair `other` holds: the digest of the union of two
+    /// disjoint sets of pairs is the sum of theirs (so parts of a store
+    /// can be digested apart, in parallel).
+    pub fn merge(&mut self, other: &LogicalDigest) {
+        let mut carry = false;
+        for (limb, word) in self.sum.iter_mut().zip(other.sum) {
+            let (s1, c1) = limb.overflowing_add(word);
+            let (s2, c2) = s1.overflowing_add(u64::from(carry));
+            *limb = s2;
+            carry = c1 || c2;
+        }
+        self.keys = self.keys.wrapping_add(other.keys);
+    }
+
     /// Live pairs counted.
     pub fn keys(&self) -> u64 {
         self.keys
@@ -188,6 +202,11 @@ mod tests {
             }
             followed.remove(b"extra", b"pair");
             prop_assert_eq!(followed, LogicalDigest::new());
+            // Digested in two parts and merged: the same.
+            let (a, b) = v.split_at(i);
+            let mut merged = digest(a);
+            merged.merge(&digest(b));
+            prop_assert_eq!(merged, digest(&v));
             // Display / parse round trip.
             prop_assert_eq!(d.to_string().parse::<LogicalDigest>().unwrap(), d);
         }

@@ -81,6 +81,9 @@ fn manifest_fixtures() -> Vec<(&'static str, Manifest)> {
             logical_bytes: 10,
             bytes_uploaded: 3,
             bytes_reused: 0,
+            // Absent from the fixture (written before the field existed):
+            // decodes as not known to be exact.
+            counts_exact: false,
         },
         format_metadata: serde_json::json!({"chunk_version": 1, "ratio": 0.5, "note": null}),
         required_features: vec![],

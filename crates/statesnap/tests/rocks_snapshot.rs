@@ -27,7 +27,7 @@ use statesnap::restore::{RestoreOptions, RestoreReport, restore_store};
 use statesnap::snapshot::commit_snapshot;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::rocks::{RocksOptions, RocksStore};
-use statesnap::store::{StateStore, ensure_follows};
+use statesnap::store::{StateStore, StateStoreExt, ensure_follows};
 
 use common::{
     Kv as Model, apply_to, contents, memory_repo, noise, replay_tail, restore_latest,
@@ -1418,4 +1418,140 @@ fn linked_ssts_are_the_store_s_files_and_outlive_them() {
         ))
         .unwrap();
     assert_eq!(contents(&restored), model);
+}
+
+// ------------------------------------------------ contents: digest and counts
+
+/// A store whose RocksDB estimate of its keys is wrong: 3000 keys, 1500 of
+/// them overwritten and 200 deleted, in files that never compact (the
+/// older versions and the tombstones stay). Returns the store, its log and
+/// model, and RocksDB's estimate.
+fn overwritten_store(dir: &Path) -> (RocksStore, FileChangelog, Model, u64) {
+    let log = test_log(dir);
+    let mut store = store_without_auto_compactions(dir);
+    let mut model = Model::new();
+    fill(&log, &mut store, &mut model, 0..3000, 1);
+    store.db().flush().unwrap();
+    fill(&log, &mut store, &mut model, 0..1500, 2);
+    let deletes: Vec<Record> = (1500..1700).map(|i| Record::delete(key(i))).collect();
+    let offsets = log.append(&deletes).unwrap();
+    store.apply(&deletes, *offsets.last().unwrap()).unwrap();
+    for i in 1500..1700 {
+        model.remove(&key(i));
+    }
+    store.db().flush().unwrap();
+    let estimate = store
+        .db()
+        .property_int_value("rocksdb.estimate-num-keys")
+        .unwrap()
+        .unwrap();
+    (store, log, model, estimate)
+}
+
+/// By default a RocksDB snapshot records its contents' logical digest and
+/// the exact key and byte counts, read from its checkpoint in the
+/// background; RocksDB's own estimate (which the manifest held before)
+/// differs from the truth here.
+#[test]
+fn a_snapshot_records_its_digest_and_exact_counts_not_rocksdbs_estimate() {
+    let rt = rt();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, log, model, estimate) = overwritten_store(dir.path());
+    assert_eq!(model.len(), 2800);
+    assert_ne!(estimate, model.len() as u64, "the estimate is no count");
+    let (repo, _) = memory_repo();
+    let format = RocksFormat::new(opts());
+    let m = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, None));
+    let expected = statesnap::LogicalDigest::of_pairs(model.iter().map(|(k, v)| (&k[..], &v[..])));
+    assert_eq!(m.logical_digest, Some(expected));
+    assert_eq!(m.logical_digest, Some(store.logical_digest().unwrap()));
+    assert!(m.stats.counts_exact);
+    assert_eq!(m.stats.keys, 2800);
+    assert_eq!(m.exact_keys(), Some(2800));
+    let logical: u64 = model.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum();
+    assert_eq!(m.stats.logical_bytes, logical);
+    assert_eq!(m.exact_logical_bytes(), Some(logical));
+    // What it records survives the repository: the committed manifest.
+    let listed = rt.block_on(repo.list_snapshots(&sk())).unwrap();
+    assert_eq!(listed.snapshots[0].manifest, m);
+
+    // Turned off, the manifest holds RocksDB's estimates and says so.
+    let cut = format.capture(&store).unwrap();
+    let off = rt
+        .block_on(statesnap::snapshot::commit_snapshot_with(
+            &format,
+            cut,
+            &repo,
+            &sk(),
+            &log,
+            Some(&m),
+            &statesnap::SnapshotOptions {
+                logical_digest: Some(false),
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    assert_eq!(off.logical_digest, None);
+    assert!(!off.stats.counts_exact);
+    assert_eq!(off.exact_keys(), None);
+    assert_eq!(off.exact_logical_bytes(), None);
+}
+
+/// A manifest whose recorded digest was altered and resealed: every blob
+/// and the manifest's own checksum check out, the snapshot restores — and
+/// only the digest comparison of `verify_deep` catches that its contents
+/// are not what the manifest says. (Before snapshots recorded a digest by
+/// default, a RocksDB snapshot had nothing to compare.)
+#[test]
+fn a_digest_that_disagrees_with_intact_blobs_is_caught_by_verify_deep_only() {
+    use statesnap::repo::VerifyOptions;
+    use statesnap::restore::{DigestCheck, verify_deep};
+    let rt = rt();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, log, _model, _) = overwritten_store(dir.path());
+    let (repo, base) = memory_repo();
+    let format = RocksFormat::new(opts());
+    let m = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, None));
+    let scratch = dir.path().join("scratch");
+    let deep = rt
+        .block_on(verify_deep(&format, &repo, &m, &scratch))
+        .unwrap();
+    assert_eq!(deep.digest_check(), DigestCheck::Matched);
+    assert!(deep.is_ok());
+
+    // Alter one hex digit of the digest's sum (the key count stays), and
+    // recompute the manifest's checksum, as a buggy writer would have.
+    let recorded = m.logical_digest.unwrap().to_string();
+    let last = recorded.chars().last().unwrap();
+    let altered = format!(
+        "{}{}",
+        &recorded[..recorded.len() - 1],
+        if last == '0' { '1' } else { '0' }
+    );
+    let mut v: serde_json::Value = serde_json::from_slice(&m.encode().unwrap()).unwrap();
+    v["logical_digest"] = altered.clone().into();
+    let body = Manifest::canonical_body(&v).unwrap();
+    v["checksum"] = blake3::hash(&body).to_hex().to_string().into();
+    rt.block_on(base.put(&m.key(), serde_json::to_vec(&v).unwrap().into()))
+        .unwrap();
+
+    let lying = rt
+        .block_on(repo.list_snapshots(&sk()))
+        .unwrap()
+        .snapshots
+        .pop()
+        .unwrap()
+        .manifest;
+    assert_eq!(lying.logical_digest.unwrap().to_string(), altered);
+    let blobs = rt
+        .block_on(repo.verify(&VerifyOptions::default(), &|_| {}))
+        .unwrap();
+    assert!(blobs.is_ok(), "every blob is intact: {blobs:?}");
+    let deep = rt
+        .block_on(verify_deep(&format, &repo, &lying, &scratch))
+        .unwrap();
+    assert_eq!(deep.digest_check(), DigestCheck::Mismatch);
+    assert!(deep.found_mismatch());
+    assert!(!deep.is_ok());
+    assert_eq!(Some(deep.actual), m.logical_digest);
 }

@@ -990,14 +990,16 @@ async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
     m.shutdown().await;
 }
 
-/// Logical digests: recorded by the portable format by default and by
-/// RocksDB when the policy asks; equal across formats for the same state;
-/// `verify_deep` restores and compares; a manifest whose digest disagrees
+/// Logical digests: recorded by the portable and RocksDB formats by
+/// default (RocksDB: with exact counts instead of its estimates), not when
+/// the policy turns them off; equal across formats for the same state;
+/// `verify_deep` restores and compares, and says when there was nothing to
+/// compare; a manifest whose digest disagrees
 /// with its contents fails `verify_deep` and is skipped by a
 /// digest-checking open (and only by it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logical_digests_are_recorded_compared_and_enforced() {
-    use statesnap::restore::verify_deep;
+    use statesnap::restore::{DigestCheck, verify_deep};
     let (dir, clock, repo) = setup().await;
     let m = manager(repo.clone(), &clock, SnapshotPolicy::manual());
     let (mut model, mut rng) = (Kv::new(), Rng(31));
@@ -1018,7 +1020,8 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
         .expect("the portable format records one");
     assert_eq!(d_portable.keys(), model.len() as u64);
 
-    // RocksDB: none by default...
+    // RocksDB: one by default, equal to the portable one (same state),
+    // with the key count counted, not estimated...
     let mut r = Handle::open(&m, Kind::Rocks, dir.path(), "r", None)
         .await
         .unwrap();
@@ -1026,14 +1029,29 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     let plain = r.wait().await.last_snapshot.unwrap();
     r.abandon().await;
     let plain = repo.get_snapshot(&sk(), plain).await.unwrap().manifest;
-    assert_eq!(plain.logical_digest, None);
-    // ...one when the policy asks, equal to the portable one: same state.
-    let md = manager(
+    assert_eq!(plain.logical_digest, Some(d_portable));
+    assert!(plain.stats.counts_exact);
+    assert_eq!(plain.exact_keys(), Some(model.len() as u64));
+    // ...none when the policy turns it off: the counts are then RocksDB's
+    // estimates, and the manifest says so.
+    let off = manager(
         repo.clone(),
         &clock,
-        SnapshotPolicy::manual().logical_digest(true),
+        SnapshotPolicy::manual().logical_digest(false),
     );
-    let mut r = Handle::open(&md, Kind::Rocks, dir.path(), "r", None)
+    let mut r = Handle::open(&off, Kind::Rocks, dir.path(), "r", None)
+        .await
+        .unwrap();
+    write_batch(&mut r, &mut model, &mut rng, 5, 60);
+    let d_off = statesnap::LogicalDigest::of_pairs(model.iter().map(|(k, v)| (&k[..], &v[..])));
+    assert!(r.snapshot_now());
+    let undigested = r.wait().await.last_snapshot.unwrap();
+    r.abandon().await;
+    let undigested = repo.get_snapshot(&sk(), undigested).await.unwrap().manifest;
+    assert_eq!(undigested.logical_digest, None);
+    assert!(!undigested.stats.counts_exact);
+    assert_eq!(undigested.exact_keys(), None);
+    let mut r = Handle::open(&m, Kind::Rocks, dir.path(), "r", None)
         .await
         .unwrap();
     write_batch(&mut r, &mut model, &mut rng, 5, 60);
@@ -1041,7 +1059,7 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     let id = r.wait().await.last_snapshot.unwrap();
     r.abandon().await;
     let rocks = repo.get_snapshot(&sk(), id).await.unwrap().manifest;
-    let d_rocks = rocks.logical_digest.expect("asked for");
+    let d_rocks = rocks.logical_digest.expect("recorded by default");
     let expected = statesnap::LogicalDigest::of_pairs(model.iter().map(|(k, v)| (&k[..], &v[..])));
     assert_eq!(d_rocks, expected);
     assert_ne!(d_rocks, d_portable, "five more records");
@@ -1051,8 +1069,18 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     let rf = statesnap::RocksFormat::new(Default::default());
     let deep = verify_deep(&rf, &repo, &rocks, &scratch).await.unwrap();
     assert!(deep.is_ok());
+    assert_eq!(deep.digest_check(), DigestCheck::Matched);
     assert_eq!(deep.actual, d_rocks);
     assert!(!scratch.exists(), "scratch removed");
+    // No digest recorded: nothing compared, and not reported as a match
+    // (nor as a mismatch).
+    let deep = verify_deep(&rf, &repo, &undigested, &scratch)
+        .await
+        .unwrap();
+    assert_eq!(deep.digest_check(), DigestCheck::NotRecorded);
+    assert!(!deep.is_ok());
+    assert!(!deep.found_mismatch());
+    assert_eq!(deep.actual, d_off, "restored all the same");
     // An existing directory is never used (nor removed) as scratch.
     std::fs::create_dir_all(scratch.join("precious")).unwrap();
     let err = verify_deep(&rf, &repo, &rocks, &scratch).await.unwrap_err();
@@ -1077,6 +1105,7 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     repo.commit_manifest(&lying).await.unwrap();
     let deep = verify_deep(&rf, &repo, &lying, &scratch).await.unwrap();
     assert!(!deep.is_ok());
+    assert_eq!(deep.digest_check(), DigestCheck::Mismatch);
     assert_eq!((deep.expected, deep.actual), (Some(d_portable), d_rocks));
     let spec = StoreSpec::rocksdb(
         "app",
@@ -1087,14 +1116,14 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     )
     .unwrap()
     .verify_digest();
-    let checked = md.open(spec).await.unwrap();
+    let checked = m.open(spec).await.unwrap();
     let report = checked.report();
     assert_eq!(report.skipped[0].id, lying.snapshot_id);
     assert_eq!(report.skipped[0].kind, ErrorKind::Corrupt);
     assert_ne!(report.source.start_offset(), Some(lying.changelog.offset));
     assert_eq!(contents(checked.store()), model);
     checked.abandon().await;
-    let unchecked = Handle::open(&md, Kind::Rocks, dir.path(), "w", None)
+    let unchecked = Handle::open(&m, Kind::Rocks, dir.path(), "w", None)
         .await
         .unwrap();
     assert_eq!(
@@ -1107,7 +1136,7 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     assert_eq!(unchecked.contents(), model);
     unchecked.abandon().await;
     m.shutdown().await;
-    md.shutdown().await;
+    off.shutdown().await;
 }
 
 /// Rates: a replay this process measured is recorded in the next

@@ -59,8 +59,8 @@ pub async fn stores(a: &RepoArgs, out: Out) -> Result<ExitCode> {
         "snapshots",
         "newest offset",
         "newest age",
-        "total",
-        "unique",
+        "blob bytes",
+        "unique blob bytes",
     ]);
     for s in &all {
         let mut snaps = s.snapshots.to_string();
@@ -132,7 +132,8 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
                     "files": m.files.len() + m.inline_files.len(),
                     "bytes": m.file_bytes(),
                     "new_bytes": m.stats.bytes_uploaded,
-                    "keys": m.stats.keys,
+                    "keys": out::keys_figure(m).0,
+                    "keys_exact": out::keys_figure(m).1,
                     "parent": m.parent.map(|p| p.to_string()),
                     "usable": usable,
                 })
@@ -148,7 +149,16 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = out.table(&[
-        "id", "offset", "age", "format", "files", "size", "new", "parent", "usable",
+        "id",
+        "offset",
+        "age",
+        "format",
+        "keys",
+        "files",
+        "file bytes",
+        "uploaded",
+        "parent",
+        "usable",
     ]);
     for s in &listing.snapshots {
         let m = &s.manifest;
@@ -163,6 +173,7 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
             m.changelog.offset.to_string(),
             out::age(m.created_at, now),
             format!("{}/{}", m.store_format.name, m.store_format.version),
+            out::keys_text(m),
             (m.files.len() + m.inline_files.len()).to_string(),
             out::bytes(m.file_bytes()),
             out::bytes(m.stats.bytes_uploaded),
@@ -173,6 +184,13 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
     println!("{t}");
     for u in &listing.unreadable {
         println!("unreadable manifest {} ({}): {}", u.key, u.kind, u.reason);
+    }
+    if listing
+        .snapshots
+        .iter()
+        .any(|s| s.manifest.exact_keys().is_none())
+    {
+        println!("(~N keys: the store's estimate, recorded by a writer that did not count)");
     }
     if verdicts.is_none() {
         println!("(usable? needs the changelog: add --changelog URL)");
@@ -218,18 +236,37 @@ pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {
         let deps: Vec<String> = m.depends_on.iter().map(ToString::to_string).collect();
         println!("depends on {}", deps.join(", "));
     }
+    // Each figure says what it is: counted at snapshot time, or the
+    // store's estimate (a RocksDB snapshot that recorded no digest).
+    let keys = match m.exact_keys() {
+        Some(k) => format!("{k} keys (counted)"),
+        None => format!("~{} keys (estimate)", m.stats.keys),
+    };
+    let logical = match m.exact_logical_bytes() {
+        Some(b) => format!("{} of keys and values (counted)", out::bytes(b)),
+        None => format!(
+            "~{} of keys and values (estimate)",
+            out::bytes(m.stats.logical_bytes)
+        ),
+    };
+    println!("contents   {keys}, {logical}");
+    let blob_bytes: u64 = m.files.iter().map(|f| f.size).sum();
     println!(
-        "contents   {} keys, {} logical",
-        m.stats.keys,
-        out::bytes(m.stats.logical_bytes)
+        "files      {} in {} files ({} in {} blobs, {} inline in the manifest)",
+        out::bytes(m.file_bytes()),
+        m.files.len() + m.inline_files.len(),
+        out::bytes(blob_bytes),
+        m.files.len(),
+        out::bytes(m.file_bytes() - blob_bytes)
     );
     println!(
-        "transfer   {} uploaded, {} reused",
+        "transfer   {} uploaded, {} reused (when the snapshot was written)",
         out::bytes(m.stats.bytes_uploaded),
         out::bytes(m.stats.bytes_reused)
     );
-    if let Some(d) = &m.logical_digest {
-        println!("digest     {d}");
+    match &m.logical_digest {
+        Some(d) => println!("digest     {d}"),
+        None => println!("digest     none recorded (verify --deep can verify the blobs only)"),
     }
     let mut t = out.table(&["file", "size", "blake3"]);
     for f in &m.files {

@@ -87,8 +87,8 @@ pub async fn plan(a: &PlanArgs, out: Out) -> Result<ExitCode> {
     );
     if let Some(c) = plan.chosen() {
         println!(
-            "would restore from {}: download {}, reuse {} locally, replay up to {} records; \
-             estimated {}",
+            "would restore from {}: download {} (more if a local file fails its hash check), \
+             reuse up to {} locally, replay up to {} records; estimated {}",
             c.source,
             out::bytes(c.bytes_to_download),
             out::bytes(c.bytes_local),
@@ -96,7 +96,13 @@ pub async fn plan(a: &PlanArgs, out: Out) -> Result<ExitCode> {
             out::secs(estimate)
         );
     }
-    let mut t = out.table(&["order", "source", "download", "local", "replay records"]);
+    let mut t = out.table(&[
+        "order",
+        "source",
+        "download",
+        "local (up to)",
+        "replay records (up to)",
+    ]);
     for (i, s) in plan.steps.iter().enumerate() {
         t.add_row(vec![
             (i + 1).to_string(),

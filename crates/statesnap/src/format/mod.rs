@@ -46,6 +46,12 @@ pub struct WriteContext<'a> {
     /// The previous snapshot of this store (same lineage, same format), whose
     /// blobs may be reused; `None` for a first snapshot.
     pub parent: Option<&'a Manifest>,
+    /// Whether the snapshot records a logical digest that
+    /// [`StoreFormat::cut_digest`] did not give: a format that computes it
+    /// while writing (the RocksDB format scans its checkpoint in a blocking
+    /// task, concurrently with the uploads) does so only when this is set,
+    /// and returns it in [`FormatOutput::logical_digest`].
+    pub logical_digest: bool,
 }
 
 /// What a format's `write` produced. The writer holds every file (uploaded
@@ -62,6 +68,10 @@ pub struct FormatOutput {
     pub depends_on: Vec<SnapshotId>,
     /// Features a reader must understand (recorded in the manifest).
     pub required_features: Vec<String>,
+    /// The cut's logical digest, when the write computed it (see
+    /// [`WriteContext::logical_digest`]); `None` otherwise. Its key count
+    /// must equal `stats.keys` when `stats.counts_exact` is set.
+    pub logical_digest: Option<crate::digest::LogicalDigest>,
 }
 
 /// Everything a format's `restore` may use.
@@ -159,16 +169,19 @@ pub trait StoreFormat: Send + Sync {
     }
 
     /// The logical digest of the cut's contents
-    /// ([`crate::digest::LogicalDigest`]), for the manifest. `Ok(None)`:
-    /// this format cannot compute one. Runs in the background writer,
-    /// before `write`; costs a scan of the cut.
+    /// ([`crate::digest::LogicalDigest`]), for the manifest, computed
+    /// before `write`, on the task that runs the snapshot: for cuts whose
+    /// digest is cheap (the portable format follows a memory cut's
+    /// changes). `Ok(None)`: none here — the format computes it in `write`
+    /// instead ([`WriteContext::logical_digest`]; the RocksDB format), or
+    /// cannot compute one.
     fn cut_digest(&self, cut: &Self::Cut) -> Result<Option<crate::digest::LogicalDigest>> {
         let _ = cut;
         Ok(None)
     }
 
     /// Whether snapshots record a logical digest unless told otherwise
-    /// (the portable format: yes, it reads every pair anyway).
+    /// (the portable and RocksDB formats: yes).
     fn digest_by_default(&self) -> bool {
         false
     }

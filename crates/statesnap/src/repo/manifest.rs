@@ -180,14 +180,22 @@ impl InlineFile {
 /// Counters for humans and planners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SnapshotStats {
-    /// Live keys in the snapshot.
+    /// Live keys in the snapshot: counted when [`SnapshotStats::counts_exact`],
+    /// else the store's estimate (RocksDB's `estimate-num-keys`, which
+    /// counts overwritten and deleted entries not yet compacted away).
     pub keys: u64,
-    /// Logical bytes (keys + values).
+    /// Logical bytes (keys + values): counted when
+    /// [`SnapshotStats::counts_exact`], else the store's estimate.
     pub logical_bytes: u64,
     /// Bytes this snapshot uploaded.
     pub bytes_uploaded: u64,
     /// Bytes of blobs reused from earlier snapshots.
     pub bytes_reused: u64,
+    /// Whether `keys` and `logical_bytes` were counted from the snapshot's
+    /// contents when it was taken. `false`: they are estimates, or the
+    /// manifest predates this field (absent in JSON) and does not say.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counts_exact: bool,
 }
 
 /// What a snapshot writer supplies; [`super::Repository::commit`] adds the
@@ -518,6 +526,24 @@ impl Manifest {
             )));
         }
         Ok(out)
+    }
+
+    /// The snapshot's live keys, counted when it was taken: `stats.keys`
+    /// when [`SnapshotStats::counts_exact`], else the count its logical
+    /// digest carries, else `None` (only an estimate was recorded:
+    /// `stats.keys`).
+    pub fn exact_keys(&self) -> Option<u64> {
+        if self.stats.counts_exact {
+            Some(self.stats.keys)
+        } else {
+            self.logical_digest.map(|d| d.keys())
+        }
+    }
+
+    /// The snapshot's logical bytes (keys + values), counted when it was
+    /// taken; `None` when only an estimate was recorded.
+    pub fn exact_logical_bytes(&self) -> Option<u64> {
+        self.stats.counts_exact.then_some(self.stats.logical_bytes)
     }
 
     /// Bytes of every file of the snapshot: its blobs' and its inline ones.

@@ -285,7 +285,7 @@ pub struct DeepVerifyReport {
     /// The snapshot.
     pub snapshot: SnapshotId,
     /// The digest its manifest recorded (`None`: its writer recorded none;
-    /// only the restore itself was checked).
+    /// only the blobs were verified, by the restore).
     pub expected: Option<LogicalDigest>,
     /// The digest of the restored store.
     pub actual: LogicalDigest,
@@ -293,11 +293,57 @@ pub struct DeepVerifyReport {
     pub bytes_downloaded: u64,
 }
 
+/// Whether [`verify_deep`] compared the restored contents with a digest,
+/// and what it found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DigestCheck {
+    /// The manifest records a digest and the restored contents match it.
+    Matched,
+    /// The manifest records a digest and the restored contents differ: the
+    /// snapshot does not hold what its writer saw (a failure).
+    Mismatch,
+    /// The manifest records no digest (an older manifest, a writer that
+    /// turned it off, or a format that computes none): nothing was
+    /// compared; only the blobs were verified, by the restore.
+    NotRecorded,
+}
+
+impl DigestCheck {
+    /// The name `verify --deep --json` prints: `matched`, `mismatch`,
+    /// `no_digest_recorded`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DigestCheck::Matched => "matched",
+            DigestCheck::Mismatch => "mismatch",
+            DigestCheck::NotRecorded => "no_digest_recorded",
+        }
+    }
+}
+
 impl DeepVerifyReport {
-    /// Whether the restored contents match the recorded digest (`true`
-    /// when none was recorded and the restore succeeded).
+    /// Whether a recorded digest was compared, and matched.
+    pub fn digest_check(&self) -> DigestCheck {
+        match self.expected {
+            None => DigestCheck::NotRecorded,
+            Some(e) if e == self.actual => DigestCheck::Matched,
+            Some(_) => DigestCheck::Mismatch,
+        }
+    }
+
+    /// Whether the restored contents were compared with a recorded digest
+    /// and match it. `false` both for a mismatch and when no digest was
+    /// recorded ([`DeepVerifyReport::digest_check`] tells which): a check
+    /// that was not made is not reported as passed.
     pub fn is_ok(&self) -> bool {
-        self.expected.is_none_or(|e| e == self.actual)
+        self.digest_check() == DigestCheck::Matched
+    }
+
+    /// Whether the check found something wrong: the restored contents
+    /// differ from the recorded digest. (A snapshot with no digest
+    /// recorded has nothing found wrong, and nothing compared.)
+    pub fn found_mismatch(&self) -> bool {
+        self.digest_check() == DigestCheck::Mismatch
     }
 }
 
@@ -358,8 +404,9 @@ fn remove_scratch(dir: &Path) -> Result<()> {
 /// must not exist: it is created and removed afterwards) with
 /// [`open_snapshot`], computes the store's logical digest and compares it
 /// with the manifest's. A failed restore is returned as its error
-/// (`corrupt` for a bad blob); a digest mismatch is in the report
-/// ([`DeepVerifyReport::is_ok`]).
+/// (`corrupt` for a bad blob); a digest mismatch, or a manifest that
+/// records no digest to compare, is in the report
+/// ([`DeepVerifyReport::digest_check`]).
 pub async fn verify_deep<F: StoreFormat>(
     format: &F,
     repo: &Repository,

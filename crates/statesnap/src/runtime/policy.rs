@@ -38,8 +38,10 @@ pub struct SnapshotPolicy {
     /// snapshot in flight plus the handoff snapshot. Default 60 s.
     pub close_deadline: Duration,
     /// Record each snapshot's logical digest (a scan of the cut, in the
-    /// background): `None` = the format's default (the portable format
-    /// yes, RocksDB no).
+    /// background): `None` = the format's default (the portable and
+    /// RocksDB formats: yes; a custom format: as it says). A RocksDB
+    /// snapshot without one records RocksDB's estimates of its keys and
+    /// bytes instead of counts.
     pub logical_digest: Option<bool>,
 }
 

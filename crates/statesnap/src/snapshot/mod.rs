@@ -12,8 +12,9 @@ use crate::repo::{
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SnapshotOptions {
     /// Record the cut's logical digest in the manifest (a scan of the cut,
-    /// in the background): `None` = the format's default
-    /// ([`StoreFormat::digest_by_default`]).
+    /// off the processing thread): `None` = the format's default
+    /// ([`StoreFormat::digest_by_default`]; the portable and RocksDB
+    /// formats record one).
     pub logical_digest: Option<bool>,
     /// The writer's measured replay rate (records/s), recorded in the
     /// manifest for other processes' restore-time estimates.
@@ -113,10 +114,10 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
             && p.changelog.offset <= offset
             && &p.store_key == store_key
     });
-    let logical_digest = if options
+    let digest_wanted = options
         .logical_digest
-        .unwrap_or_else(|| format.digest_by_default())
-    {
+        .unwrap_or_else(|| format.digest_by_default());
+    let cut_digest = if digest_wanted {
         format.cut_digest(&cut)?
     } else {
         None
@@ -128,6 +129,8 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
             repo,
             store_key,
             parent,
+            // Not given before the write: the format computes it there.
+            logical_digest: digest_wanted && cut_digest.is_none(),
         },
     );
     // Durability: everything up to the cut's offset is on disk (file log:
@@ -139,6 +142,24 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
     let (out, flushed) = futures::join!(write, async { changelog.flush() });
     let out = out?;
     flushed?;
+    let logical_digest = if digest_wanted {
+        cut_digest.or(out.logical_digest)
+    } else {
+        None
+    };
+    // A digest and an exact key count of the same cut agree; anything else
+    // is a bug in the format, and the manifest would contradict itself.
+    if let Some(d) = logical_digest
+        && out.stats.counts_exact
+        && d.keys() != out.stats.keys
+    {
+        return Err(Error::internal(format!(
+            "the format's key count and logical digest disagree store_key=`{store_key}` \
+             keys={} digest_keys={}; nothing was committed",
+            out.stats.keys,
+            d.keys()
+        )));
+    }
     let now = changelog.lineage()?;
     if now != binding.lineage {
         return Err(Error::stale(format!(

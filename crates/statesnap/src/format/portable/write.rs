@@ -160,9 +160,11 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         let offset = cut.applied_offset.ok_or_else(|| {
             Error::config("nothing to snapshot: the store has applied no changelog record")
         })?;
+        // Counted: the cut holds every pair.
         let stats = SnapshotStats {
             keys: cut.len() as u64,
             logical_bytes: cut.logical_bytes(),
+            counts_exact: true,
             ..Default::default()
         };
         let mut writer = SnapshotWriter::new(ctx.repo, ctx.store_key.clone());
@@ -254,6 +256,8 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             format_metadata,
             depends_on,
             required_features: Vec::new(),
+            // Given by `cut_digest`, before the write.
+            logical_digest: None,
         })
     }
 }
