@@ -1516,3 +1516,77 @@ fn show_prints_the_exact_key_count_of_a_store_with_overwritten_keys() {
     assert_eq!(list["snapshots"][1]["keys_exact"], true, "{list}");
     assert_eq!(list["snapshots"][2]["keys"], 299, "{list}");
 }
+
+/// A point in time past the log's end is refused (config, exit 3) and
+/// creates nothing; a target directory a live handle owns is refused
+/// (transient, exit 7) and the live store is not touched.
+#[test]
+fn restore_refuses_a_point_past_the_end_and_a_directory_in_use() {
+    let f = fixture();
+    let past = f.path("past-the-end");
+    statesnap()
+        .args([
+            "restore",
+            STORE,
+            "--repo",
+            &f.repo_url,
+            "--changelog",
+            &f.log_url,
+        ])
+        .args(["--to", past.to_str().unwrap(), "--at-offset", "99999999"])
+        .assert()
+        .code(3);
+    assert!(!past.exists(), "a refused restore creates nothing");
+
+    // A live handle of another store partition owns `live` (as a path
+    // template missing the partition would make it).
+    let live = f.path("live");
+    let rt = rt();
+    let (m, h) = rt.block_on(async {
+        let repo = Repository::open(&f.repo_url, Default::default())
+            .await
+            .expect("open");
+        let m = StateManager::builder(repo)
+            .policy(SnapshotPolicy::manual())
+            .build()
+            .expect("manager");
+        let id = ChangelogId::for_store("shop", "carts", 1).expect("id");
+        let l = FileChangelog::open(f.path("log-1"), id, Default::default()).expect("log");
+        let spec = StoreSpec::rocksdb("shop", "carts", 1, l, &live).expect("spec");
+        let mut h = m.open(spec).await.expect("open live");
+        h.put("mine", "untouched");
+        h.commit().expect("commit");
+        (m, h)
+    });
+    let files = |p: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with("LOG"))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = files(&live);
+    for spelled in [live.display().to_string(), format!("{}/", live.display())] {
+        statesnap()
+            .args([
+                "restore",
+                STORE,
+                "--repo",
+                &f.repo_url,
+                "--changelog",
+                &f.log_url,
+            ])
+            .args(["--to", &spelled, "--force"])
+            .assert()
+            .code(7);
+        assert_eq!(files(&live), before, "{spelled}");
+    }
+    assert_eq!(h.get(b"mine").unwrap().as_deref(), Some(&b"untouched"[..]));
+    rt.block_on(async {
+        let closed = h.close().await.expect("handoff snapshot");
+        assert!(closed.took_snapshot);
+        m.shutdown().await;
+    });
+}

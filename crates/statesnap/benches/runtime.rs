@@ -1,7 +1,7 @@
 //! The runtime under load (`cargo bench -p statesnap --all-features --bench runtime`).
 //!
 //! For the in-memory store (portable format) and RocksDB, preloaded with
-//! `STATESNAP_BENCH_RUNTIME_KEYS` keys (default 200 000; the issue's figures
+//! `STATESNAP_BENCH_RUNTIME_KEYS` keys (default 200 000; the figures in docs/runtime.md
 //! use 1 000 000):
 //!
 //! 1. **throughput**: a processing loop commits batches of 500 updates for
@@ -13,8 +13,8 @@
 //! 2. **restore-time objective**: with `max_restore_time = T`
 //!    (`STATESNAP_BENCH_RUNTIME_RTO_MS`, default 2000), the loop runs for a
 //!    random 0.5–3 s (0.05–0.3 s under `cargo test`) and the handle is dropped (a crash as the runtime sees
-//!    it), `STATESNAP_BENCH_RUNTIME_CRASHES` times (default 20; 50 for the
-//!    issue): how many reopens were ready within T;
+//!    it), `STATESNAP_BENCH_RUNTIME_CRASHES` times (default 20; 50 for the figures in
+//!    docs/runtime.md): how many reopens were ready within T;
 //! 3. **handoff**: `close()` (the handoff snapshot) then `open()` in a
 //!    fresh directory (another machine): both times, and records replayed.
 //!

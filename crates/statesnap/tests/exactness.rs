@@ -1,5 +1,5 @@
 //! A store never claims records it did not apply, and never follows another
-//! changelog incarnation than its own (design invariants 9 and 10), driven
+//! changelog incarnation than its own (invariant 9 and 10), driven
 //! through the public API the way a new user would misuse it.
 #![allow(clippy::unwrap_used)]
 

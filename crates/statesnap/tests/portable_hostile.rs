@@ -120,7 +120,7 @@ async fn layers_decoding_past_the_budget_are_corrupt() {
 }
 
 /// Peak-memory measurement of a 1 M-key portable restore (run by hand, for
-/// the figures in the issue note): `STATESNAP_RSS_DIR=/tmp/x cargo test
+/// the figures in docs/performance.md): `STATESNAP_RSS_DIR=/tmp/x cargo test
 /// --release --all-features --test portable_hostile -- --ignored
 /// rss_write_1m`, then the same with `rss_restore_1m` under
 /// `/usr/bin/time -v` (its peak RSS is the restore's alone).

@@ -4,7 +4,7 @@
 //! Opening the target directly afterwards (as an application would, without
 //! `restore_store`) must give either the old store, exactly as it was, or the
 //! complete snapshot, or nothing — never a partly loaded store that already
-//! claims the snapshot's offset (design invariant 1). The next restore then
+//! claims the snapshot's offset (invariant 1). The next restore then
 //! cleans up and succeeds.
 #![cfg(feature = "rocksdb")]
 #![allow(clippy::unwrap_used)]

@@ -1,4 +1,4 @@
-//! The whole-lifecycle simulation (design invariants 1-11 at once).
+//! The whole-lifecycle simulation (invariants 1-11 of docs/architecture.md at once).
 //!
 //! A seeded, deterministic driver runs random sequences of: put / delete /
 //! commit; snapshots (full, incremental, delta) through a fault-injecting

@@ -239,7 +239,7 @@ pub async fn rocks_vs_backup_engine(
     // and an `Interval` policy or Kafka mostly does. In the second it is
     // left unsynced, as `FsyncPolicy::Never` leaves it: each snapshot then
     // fsyncs the ~1.3 MB of log written since the last before its manifest
-    // may name the offset (design invariant 11), which `BackupEngine`,
+    // may name the offset (invariant 11), which `BackupEngine`,
     // backing up the database alone, has no counterpart of.
     let mut times: [[Vec<Duration>; 3]; 2] = Default::default();
     let (mut inc, mut inc_linked) = (full.clone(), full_linked);

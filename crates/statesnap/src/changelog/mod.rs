@@ -1,5 +1,5 @@
 //! The changelog: the offset-addressed, compacted log of every write that a
-//! state store caches (design invariant 1: the changelog is the source of
+//! state store caches (invariant 1: the changelog is the source of
 //! truth).
 //!
 //! [`Changelog`] is the small trait a backend implements; the embedded
@@ -168,7 +168,7 @@ impl fmt::Display for Lineage {
 }
 
 /// Which changelog incarnation a store follows: the changelog's id and its
-/// lineage (design invariant 10). A store records it durably before it
+/// lineage (invariant 10). A store records it durably before it
 /// applies its first record and never changes it, so its `applied_offset`
 /// always means an offset *of that incarnation*: a store left on disk is never
 /// caught up onto another changelog, or onto the same one recreated.
@@ -197,7 +197,7 @@ impl fmt::Display for ChangelogBinding {
 }
 
 /// How far back a changelog still holds everything replay needs
-/// (design invariant 7).
+/// (invariant 7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Horizon {
     /// Tombstones at offsets below this may have been purged by compaction.
@@ -365,7 +365,7 @@ pub trait Changelog: Send + Sync {
     /// offsets handed out again after a loss carry a new epoch. Snapshots
     /// record the epoch of their offset, and one whose epoch differs from
     /// the log's at that offset covers a history the log no longer has
-    /// (design invariant 11). The default keeps no history.
+    /// (invariant 11). The default keeps no history.
     fn epoch_at(&self, offset: u64) -> Result<Option<u64>> {
         let _ = offset;
         Ok(None)

@@ -11,7 +11,7 @@
 //! right after the checkpoint, under the same shared borrow: every write to a
 //! [`RocksStore`] takes `&mut`, so none can come between the read and the
 //! checkpoint, and the offset is exactly that of the checkpoint's contents
-//! (design invariant 2). (Earlier versions opened the checkpoint read-only to
+//! (invariant 2). (Earlier versions opened the checkpoint read-only to
 //! read them — 2 to 8 ms per snapshot, most of an incremental snapshot's
 //! fixed cost, for the same answer.) The [`RocksCut`] owns
 //! the directory and removes it when dropped, whether the snapshot succeeded

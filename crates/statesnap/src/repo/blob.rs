@@ -1,4 +1,4 @@
-//! Content-addressed blobs (design invariant 4) with verification on every
+//! Content-addressed blobs (invariant 4) with verification on every
 //! read (invariant 6).
 //!
 //! # Upload strategy

@@ -1,5 +1,5 @@
 //! Garbage collection of unreferenced blobs: two-phase mark-and-sweep with
-//! condemnation records (design invariant 8). `docs/gc.md` has the safety
+//! condemnation records (invariant 8). `docs/gc.md` has the safety
 //! argument; in short:
 //!
 //! * a run lists blobs first, then (after sealing condemnation records)

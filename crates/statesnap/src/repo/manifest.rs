@@ -1,4 +1,4 @@
-//! Manifest v1: the JSON document that *is* a snapshot (design invariant 3: a
+//! Manifest v1: the JSON document that *is* a snapshot (invariant 3: a
 //! snapshot exists iff its manifest exists). Documented field by field in
 //! `docs/format.md`, section "Repository and manifest v1".
 //!

@@ -12,7 +12,7 @@
 //!   [`Repository::open`] refuses a location without one.
 //! * Blobs ([`blob`]) are content-addressed and verified on every read.
 //! * [`Repository::commit`] writes a manifest last, with `PutMode::Create`,
-//!   after re-checking every blob it names (design invariant 3).
+//!   after re-checking every blob it names (invariant 3).
 //! * [`catalog`] lists and picks snapshots, never trusting listing order;
 //!   [`retention`] decides what to keep; [`gc`] collects unreferenced blobs
 //!   with the two-phase protocol described in `docs/gc.md`.

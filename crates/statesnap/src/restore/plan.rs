@@ -300,7 +300,7 @@ pub(crate) fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
             m.snapshot_id, m.changelog.offset
         )));
     }
-    // Offsets the log lost and handed out again (invariant 10, epochs).
+    // Offsets the log lost and handed out again (invariant 11, epochs).
     if let Some((taken, now)) = m.changelog.lost_history(changelog)? {
         return Err(Error::stale(format!(
             "snapshot covers changelog records the log no longer has: the log lost records and \

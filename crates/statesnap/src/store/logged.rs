@@ -3,7 +3,7 @@
 //! Writes go to a pending batch that reads see immediately (read-your-writes).
 //! [`LoggedStore::commit`] appends the batch to the changelog **first** and
 //! only then applies it to the store, tagged with the batch's last offset
-//! (design invariant 1). A crash between the two leaves the store *behind* the
+//! (invariant 1). A crash between the two leaves the store *behind* the
 //! changelog — replay catches it up — and never ahead of it.
 
 use bytes::Bytes;

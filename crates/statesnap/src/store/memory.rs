@@ -33,7 +33,7 @@ pub struct MemoryStore {
 }
 
 /// A consistent, immutable cut of a [`MemoryStore`]: its contents and the
-/// changelog offset they reflect, taken together (design invariant 2).
+/// changelog offset they reflect, taken together (invariant 2).
 ///
 /// Read it through its methods; the persistent map inside is an
 /// implementation detail (formats inside the crate take it apart with

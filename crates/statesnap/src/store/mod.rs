@@ -3,7 +3,7 @@
 //! [`StateStore`] is the small trait a store implements; range helpers such as
 //! [`StateStoreExt::prefix`] live in an extension trait with a blanket impl.
 //! Every store records the changelog offset it has applied atomically with the
-//! data (design invariant 2), so after any crash its contents equal the
+//! data (invariant 2), so after any crash its contents equal the
 //! changelog prefix `[0, applied_offset]`. Every store also records which
 //! changelog incarnation it follows ([`ChangelogBinding`], invariant 10),
 //! durably and before its first record, so an offset is never read against
@@ -111,7 +111,7 @@ pub fn mark_store_dir(dir: &std::path::Path) -> Result<()> {
     })
 }
 
-/// Checks that `store` follows `expected` (design invariant 10), binding a
+/// Checks that `store` follows `expected` (invariant 10), binding a
 /// store that has never applied anything.
 ///
 /// Fails with kind `stale` when the store follows another changelog or an

@@ -5,7 +5,7 @@
 //! in the **same `WriteBatch`** as the data it covers, with `atomic_flush`
 //! enabled so the two column families are always flushed together. After any
 //! crash RocksDB recovers a prefix of whole batches, so data and offset can
-//! never disagree (design invariant 2).
+//! never disagree (invariant 2).
 //!
 //! ## Defaults for a state store
 //!
@@ -214,7 +214,7 @@ impl RocksStore {
 
     /// The RocksDB handle, for snapshot code (checkpoints, live files,
     /// properties). Read through it freely; a write through it bypasses the
-    /// applied offset (design invariant 2) — write with
+    /// applied offset (invariant 2) — write with
     /// [`StateStore::apply`](super::StateStore::apply), which takes `&mut`.
     /// Snapshots rely on that: a capture reads the offset and checkpoints
     /// under one shared borrow.

@@ -29,7 +29,7 @@ pub(crate) const META_MIN_VERSION: u32 = 1;
 pub(crate) const MAX_EPOCHS: usize = 4096;
 
 /// One writer session of the log: records from `start_offset` up to the next
-/// epoch's start were appended by it (design invariant 11, detection).
+/// epoch's start were appended by it (invariant 11, detection).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EpochStart {
@@ -65,7 +65,7 @@ impl Meta {
     }
 
     /// Starts a new epoch at `end`, the log's end offset when a writer
-    /// session first appends (design invariant 11, detection).
+    /// session first appends (invariant 11, detection).
     ///
     /// Epochs that start at or after `end` lost every record they had
     /// (recovery, or the disk, cut the log below them) and are dropped; the

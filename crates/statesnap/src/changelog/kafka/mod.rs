@@ -26,7 +26,7 @@
 //!   fail it `stale`.
 //! - **Lineage**: the topic id (KIP-516), or a marker record
 //!   ([`LINEAGE_MARKER_KEY`]) where that cannot work ([`LineageSource`]).
-//! - **Tombstone horizon** (design invariant 7): from `delete.retention.ms`,
+//! - **Tombstone horizon** (invariant 7): from `delete.retention.ms`,
 //!   read from the topic at every [`Changelog::horizon`] call, and record
 //!   timestamps from the injected [`Clock`](crate::clock::Clock).
 //! - **Point-in-time reads**: from `min.compaction.lag.ms` the same way

@@ -18,7 +18,7 @@ use crate::store::{KeyValue, StateStore, StateStoreExt};
 /// also allows delta snapshots.
 pub trait PortableSource: StateStore {
     /// A consistent cut: contents and applied offset taken together
-    /// (design invariant 2). Runs on the caller's thread.
+    /// (invariant 2). Runs on the caller's thread.
     fn portable_cut(&self) -> Result<PortableCut>;
 }
 

@@ -79,7 +79,7 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         // a few ahead, into a bounded queue the loader drains. Memory is
         // bounded by layers x (prefetch + 1) compressed chunks plus the
         // decode budget, whatever the snapshot's size. Every blob is
-        // verified against its manifest size and hash (design invariant 6)
+        // verified against its manifest size and hash (invariant 6)
         // before a byte of it is decoded.
         let repo = ctx.repo;
         let sk = &manifest.store_key;
