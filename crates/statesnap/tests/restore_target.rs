@@ -681,6 +681,42 @@ fn an_adopted_directory_is_untouched_until_the_swap_however_the_restore_ends() {
     assert!(failed > ops as usize / 2, "{failed}");
 }
 
+/// A restore into a new path, cancelled before each repository operation
+/// and after several delays (downloads, the install and the portable load
+/// still running on the blocking pool): once those steps are done, no
+/// staging is left (they used to re-create a staging directory its guard
+/// had just removed), and the target is absent or complete.
+#[test]
+fn a_cancelled_restore_leaves_no_staging() {
+    let rt = common::rt();
+    let rocks = rt.block_on(setup_rocks(TAIL));
+    let portable = rt.block_on(setup_portable(portable_into_rocks()));
+    drop(rt);
+    let opts = RestoreOptions::default();
+    let mut stops: Vec<Stop> = (0..16).map(Stop::Cancel).collect();
+    stops.extend([0, 1, 2, 3, 5, 8, 13, 21, 34].map(|ms| Stop::After(Duration::from_millis(ms))));
+    for stop in stops {
+        for portable_format in [false, true] {
+            let area = if portable_format {
+                portable.path("area")
+            } else {
+                rocks.path("area")
+            };
+            let _ = std::fs::remove_dir_all(&area);
+            std::fs::create_dir_all(&area).unwrap();
+            let before = tree(&area);
+            let target = area.join("t");
+            let (outcome, _) = if portable_format {
+                run_restore(&portable, &target, &opts, Api::Into, stop)
+            } else {
+                run_restore(&rocks, &target, &opts, Api::Into, stop)
+            };
+            let what = format!("portable={portable_format} {stop:?}");
+            check_outcome(&area, &before, Path::new("t"), true, &outcome, &what);
+        }
+    }
+}
+
 /// After a restore that succeeded, nothing but the store is left in the
 /// target's directory: no staging of the restore (nor of a capture).
 #[test]
