@@ -859,14 +859,14 @@ fn tree(root: &Path) -> std::collections::BTreeMap<PathBuf, Node> {
             continue;
         };
         let node = if m.file_type().is_symlink() {
-            Node::Link(std::fs::read_link(&p).unwrap())
+            Node::Link(std::fs::read_link(&p).expect("read_link"))
         } else if m.is_dir() {
-            for e in std::fs::read_dir(&p).unwrap() {
-                stack.push(rel.join(e.unwrap().file_name()));
+            for e in std::fs::read_dir(&p).expect("read_dir") {
+                stack.push(rel.join(e.expect("entry").file_name()));
             }
             Node::Dir
         } else if m.is_file() {
-            Node::File(std::fs::read(&p).unwrap())
+            Node::File(std::fs::read(&p).expect("read"))
         } else {
             Node::Other
         };
@@ -877,9 +877,9 @@ fn tree(root: &Path) -> std::collections::BTreeMap<PathBuf, Node> {
 
 /// A user's directory (not a store) at `dir`.
 fn foreign_dir(dir: &Path) {
-    std::fs::create_dir_all(dir.join("figures")).unwrap();
-    std::fs::write(dir.join("thesis.tex"), b"years of work").unwrap();
-    std::fs::write(dir.join("figures/plot.svg"), b"<svg/>").unwrap();
+    std::fs::create_dir_all(dir.join("figures")).expect("mkdir");
+    std::fs::write(dir.join("thesis.tex"), b"years of work").expect("write");
+    std::fs::write(dir.join("figures/plot.svg"), b"<svg/>").expect("write");
 }
 
 /// Defect: `restore --to LINK/ --force` followed the link (`lstat` of
