@@ -839,6 +839,184 @@ fn ctrl_c_during_a_restore_leaves_nothing_behind() {
     );
 }
 
+/// What is at a path, links not followed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Node {
+    Dir,
+    File(Vec<u8>),
+    Link(PathBuf),
+    Other,
+}
+
+/// Every entry under `root` and `root` itself (as ``), by relative path:
+/// names, kinds, bytes and link targets.
+fn tree(root: &Path) -> std::collections::BTreeMap<PathBuf, Node> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let p = root.join(&rel);
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let node = if m.file_type().is_symlink() {
+            Node::Link(std::fs::read_link(&p).expect("read_link"))
+        } else if m.is_dir() {
+            for e in std::fs::read_dir(&p).expect("read_dir") {
+                stack.push(rel.join(e.expect("entry").file_name()));
+            }
+            Node::Dir
+        } else if m.is_file() {
+            Node::File(std::fs::read(&p).expect("read"))
+        } else {
+            Node::Other
+        };
+        out.insert(rel, node);
+    }
+    out
+}
+
+/// A user's directory (not a store) at `dir`.
+fn foreign_dir(dir: &Path) {
+    std::fs::create_dir_all(dir.join("figures")).expect("mkdir");
+    std::fs::write(dir.join("thesis.tex"), b"years of work").expect("write");
+    std::fs::write(dir.join("figures/plot.svg"), b"<svg/>").expect("write");
+}
+
+/// Defect: `restore --to LINK/ --force` followed the link (`lstat` of
+/// `LINK/` is the directory behind it), wrote the store marker into the
+/// user's directory there, then failed. Every way of writing a link as the
+/// target is refused (config, exit 3) and nothing behind it changes.
+#[test]
+fn restore_refuses_a_symlinked_target_however_it_is_written() {
+    let f = fixture();
+    let area = f.path("area");
+    let elsewhere = area.join("elsewhere");
+    foreign_dir(&elsewhere);
+    std::os::unix::fs::symlink(&elsewhere, area.join("link")).unwrap();
+    let before = tree(&area);
+    for form in ["link", "link/", "link/.", "link//./"] {
+        for force in [false, true] {
+            let to = format!("{}/{form}", area.display());
+            let mut cmd = statesnap();
+            cmd.args(["restore", STORE, "--repo", &f.repo_url]).args([
+                "--changelog",
+                &f.log_url,
+                "--to",
+                &to,
+                "--json",
+            ]);
+            if force {
+                cmd.arg("--force");
+            }
+            let out = cmd.assert().code(3).get_output().stdout.clone();
+            assert_eq!(json_of(&out)["error"]["kind"], "config", "{form}");
+            assert_eq!(tree(&area), before, "{form} force={force}");
+        }
+    }
+}
+
+/// Defect: Ctrl-C during `restore --force` into a user's directory left the
+/// store marker in it (written before the restore began). Interrupted at
+/// several moments (planning, downloading the snapshot, replaying the
+/// tail), the directory is byte for byte as it was and no staging is left
+/// beside it; a restore that finished first left a complete store.
+#[test]
+fn ctrl_c_during_a_forced_restore_leaves_the_directory_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let repo_url = format!("file://{}", root.join("repo").display());
+    // A snapshot, then a long tail: the restore downloads, then replays
+    // for a while.
+    rt().block_on(async {
+        let repo = Repository::init(&repo_url, Default::default())
+            .await
+            .unwrap();
+        let m = StateManager::builder(repo)
+            .policy(SnapshotPolicy::manual())
+            .build()
+            .unwrap();
+        let spec =
+            StoreSpec::rocksdb("shop", "carts", 0, log(root), root.join("app-store")).unwrap();
+        let mut h = m.open(spec).await.unwrap();
+        for i in 0..1_000_000u32 {
+            h.put(
+                format!("cart-{:07}", i % 200_000),
+                i.to_le_bytes().repeat(8),
+            );
+            if i % 10_000 == 9_999 {
+                h.commit().unwrap();
+            }
+            if i == 400_000 {
+                h.commit().unwrap();
+                assert!(h.snapshot_now().unwrap());
+                let st = h.wait_for_snapshot().await;
+                assert_eq!(st.snapshots_failed, 0, "{:?}", st.last_error);
+            }
+        }
+        h.commit().unwrap();
+        h.abandon().await;
+        m.shutdown().await;
+    });
+    let log_url = format!("file://{}", root.join("log").display());
+    let parent = root.join("out");
+    let target = parent.join("home");
+    let bin = assert_cmd::cargo::cargo_bin("statesnap");
+    let mut interrupted = 0;
+    for delay_ms in [0u64, 20, 60, 150, 300, 600, 1200, 2500] {
+        let _ = std::fs::remove_dir_all(&parent);
+        foreign_dir(&target);
+        let before = tree(&parent);
+        let child = std::process::Command::new(&bin)
+            .args([
+                "restore",
+                STORE,
+                "--repo",
+                &repo_url,
+                "--changelog",
+                &log_url,
+            ])
+            .args(["--to", target.to_str().unwrap(), "--force"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        // (It may have finished already: then there is no one to signal.)
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            // Finished before the signal: a complete store.
+            let store = statesnap::RocksStore::open(&target, &Default::default())
+                .unwrap_or_else(|e| panic!("delay {delay_ms} ms: {e}"));
+            assert!(store.get(b"cart-0000001").unwrap().is_some());
+            assert!(!target.join("thesis.tex").exists());
+            drop(store);
+        } else {
+            // Ctrl-C: 130; or, before the handler was installed, killed
+            // by the signal itself.
+            use std::os::unix::process::ExitStatusExt;
+            assert!(
+                out.status.code() == Some(130) || out.status.signal() == Some(2),
+                "delay {delay_ms} ms: {:?} {stderr}",
+                out.status
+            );
+            interrupted += 1;
+            assert_eq!(tree(&parent), before, "delay {delay_ms} ms: {stderr}");
+        }
+        let hidden: Vec<_> = std::fs::read_dir(&parent)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.') || n.contains("statesnap"))
+            .collect();
+        assert!(hidden.is_empty(), "delay {delay_ms} ms: {hidden:?}");
+    }
+    assert!(interrupted >= 3, "{interrupted}");
+}
+
 /// The demo at a small size: the speed-up line and equal digests.
 #[test]
 fn the_demo_shows_snapshot_restore_beating_replay_with_equal_digests() {

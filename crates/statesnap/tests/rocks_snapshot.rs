@@ -816,14 +816,26 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
     assert_eq!(entries_with(&root, "checkpoint-").len(), 2);
     let cut_dir: PathBuf = cut.dir().to_path_buf();
     drop(cut);
+    assert!(root.is_dir(), "the second cut still lives in it");
     drop(cut2);
     assert!(!cut_dir.exists());
     assert!(entries_with(&root, "checkpoint-").is_empty());
+    // The default staging directory goes with its last checkpoint: no
+    // empty `<store>.statesnap-staging` is left beside the store.
+    assert!(!root.exists());
 
-    // A snapshot (success) leaves no checkpoint behind.
+    // A snapshot (success) leaves no checkpoint behind, nor its directory.
     let (repo, _) = memory_repo();
     let m = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, None));
     assert!(entries_with(&root, "checkpoint-").is_empty());
+    assert!(!root.exists());
+    assert!(entries_with(dir.path(), ".statesnap-staging").is_empty());
+    // A staging root the caller chose is theirs: kept.
+    let chosen = dir.path().join("chosen-staging");
+    let custom = RocksFormat::new(opts()).with_staging_root(&chosen);
+    drop(custom.capture(&store).unwrap());
+    assert!(chosen.is_dir());
+    assert!(entries_with(&chosen, "checkpoint-").is_empty());
     // A failed write (unreachable repository) leaves none either.
     let broken = Repository::from_store(
         Arc::new(FaultyStore::new(

@@ -122,17 +122,26 @@ pub async fn plan(a: &PlanArgs, out: Out) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Whether `dir` exists and holds anything.
+/// Whether `dir` is a directory that holds anything. The path is read as
+/// the library reads a restore target: `link/` and `link/.` name the link
+/// (never followed: the restore refuses it), so a link, a file or nothing
+/// at all is not "non-empty" here and is left to the library to judge.
 fn non_empty(dir: &Path) -> Result<bool> {
-    match std::fs::read_dir(dir) {
-        Ok(mut rd) => Ok(rd.next().is_some()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(Error::new(
+    let dir = statesnap::restore::normalize_target(dir)?;
+    let io = |e: std::io::Error| {
+        Error::new(
             ErrorKind::Io,
             format!("cannot read the restore target path=`{}`", dir.display()),
         )
-        .with_source(e)),
+        .with_source(e)
+    };
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io(e)),
     }
+    Ok(std::fs::read_dir(&dir).map_err(io)?.next().is_some())
 }
 
 pub async fn restore(a: &RestoreArgs, out: Out) -> Result<ExitCode> {

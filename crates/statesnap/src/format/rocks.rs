@@ -149,9 +149,9 @@ use std::sync::{Arc, Mutex};
 use rocksdb::{ColumnFamilyDescriptor, DB};
 
 use super::staging::{
-    check_replaceable, clean_restore_leftovers, io_err, new_restore_staging, register_live,
-    remove_leftovers, remove_path, split_target, swap_into_place, sync_dir, sync_tree,
-    unregister_live,
+    Hold, blocking_held, check_replaceable, clean_restore_leftovers, hold, io_err,
+    new_restore_staging, normalize_target, register_live, remove_leftovers, remove_path,
+    split_target, swap_into_place, sync_dir, sync_tree, unregister_live,
 };
 use super::{
     FormatOutput, LocalStoreInfo, RestoreContext, RestoreStats, StoreFormat, WriteContext,
@@ -381,7 +381,18 @@ impl Default for CompactionPolicy {
 /// and the blocking scan that counts its contents (which finishes on its
 /// own thread if the write is cancelled under it).
 #[derive(Debug)]
-struct CheckpointDir(PathBuf);
+struct CheckpointDir(PathBuf, ParentOnDrop);
+
+/// What happens to a checkpoint's staging directory when the checkpoint
+/// goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ParentOnDrop {
+    /// The default `<store>.statesnap-staging`, ours: removed once empty,
+    /// so no empty directory outlives the snapshots beside the store.
+    RemoveIfEmpty,
+    /// A root the caller chose ([`RocksFormat::with_staging_root`]): kept.
+    Keep,
+}
 
 impl Drop for CheckpointDir {
     fn drop(&mut self) {
@@ -391,6 +402,13 @@ impl Drop for CheckpointDir {
             tracing::warn!(path = %self.0.display(), error = %e, "cannot remove checkpoint; the next capture will");
         }
         unregister_live(&self.0);
+        if self.1 == ParentOnDrop::RemoveIfEmpty
+            && let Some(parent) = self.0.parent()
+        {
+            // Fails (and is meant to) while another checkpoint is in it; a
+            // capture that finds it gone makes it again.
+            let _ = std::fs::remove_dir(parent);
+        }
     }
 }
 
@@ -1037,13 +1055,15 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .map_err(|e| Error::internal("blocking task failed").with_source(e))?
 }
 
-/// Hard-links (or copies) `local` to `dest` if its bytes hash to `f.blake3`.
+/// Hard-links (or copies) `local` to `dest` if its bytes hash to `f.blake3`
+/// (`held`: the staging directory `dest` is in, kept while the step runs).
 async fn reuse_local(
     (f, local, dest): (FileEntry, PathBuf, PathBuf),
+    held: Hold,
 ) -> Result<(FileEntry, PathBuf, bool)> {
     let expected = f.blake3;
     let d = dest.clone();
-    let ok = blocking(move || {
+    let ok = blocking_held(held, move || {
         if hash_file(&local)? != expected {
             return Ok(false);
         }
@@ -1124,7 +1144,14 @@ impl StoreFormat for RocksFormat {
         register_live(&dir);
         // From here on the cut owns `dir`: dropping it (also on error) removes it.
         let mut cut = RocksCut {
-            dir: Arc::new(CheckpointDir(dir)),
+            dir: Arc::new(CheckpointDir(
+                dir,
+                if self.staging_root.is_some() {
+                    ParentOnDrop::Keep
+                } else {
+                    ParentOnDrop::RemoveIfEmpty
+                },
+            )),
             files: Vec::new(),
             offset: None,
             binding: None,
@@ -1147,8 +1174,15 @@ impl StoreFormat for RocksFormat {
             .map_err(|e| rocks_error("checkpoint", store.path(), e))?;
         // log_size_for_flush = 0: flush memtables (atomically, both column
         // families) so the checkpoint is complete even with the WAL off.
-        cp.create_checkpoint_with_log_size(cut.dir(), 0)
-            .map_err(|e| rocks_error("checkpoint", cut.dir(), e))?;
+        let mut made = cp.create_checkpoint_with_log_size(cut.dir(), 0);
+        if made.is_err() && !root.is_dir() {
+            // The previous cut removed the (then empty) staging directory
+            // between our creating it and the checkpoint: make it again.
+            std::fs::create_dir_all(&root)
+                .map_err(|e| io_err("create staging directory", &root, e))?;
+            made = cp.create_checkpoint_with_log_size(cut.dir(), 0);
+        }
+        made.map_err(|e| rocks_error("checkpoint", cut.dir(), e))?;
         // Read under the same borrow as the checkpoint: writes need `&mut`,
         // so the checkpoint holds exactly what these describe (module docs).
         // After it, so the statistics count the memtables it flushed.
@@ -1372,10 +1406,10 @@ impl StoreFormat for RocksFormat {
         }
         let repo = ctx.repo;
         let sk = &manifest.store_key;
-        let target = ctx.target.to_path_buf();
+        let target = normalize_target(ctx.target)?;
         check_replaceable(&target)?;
         self.clean_leftovers(&target)?;
-        let (staging, mut guard) = new_restore_staging(&target)?;
+        let (staging, guard) = new_restore_staging(&target)?;
         std::fs::create_dir(&staging)
             .map_err(|e| io_err("create staging directory", &staging, e))?;
 
@@ -1412,7 +1446,10 @@ impl StoreFormat for RocksFormat {
         // Errors drain the transfers still running before the guard removes
         // `staging`, so none of them re-creates it (see `drain_bounded`).
         let checked: Vec<(FileEntry, PathBuf, bool)> =
-            drain_bounded(candidates, parallelism, reuse_local).await?;
+            drain_bounded(candidates, parallelism, |c| {
+                reuse_local(c, hold(&[&staging]))
+            })
+            .await?;
         for (f, dest, ok) in checked {
             if ok {
                 stats.files_reused_locally += 1;
@@ -1433,14 +1470,17 @@ impl StoreFormat for RocksFormat {
         .await?;
         if !manifest.inline_files.is_empty() {
             let (inline, s) = (manifest.inline_files.clone(), staging.clone());
-            blocking(move || write_inline(&inline, &s, sync_each)).await?;
+            blocking_held(hold(&[&staging]), move || {
+                write_inline(&inline, &s, sync_each)
+            })
+            .await?;
         }
         crate::store::mark_store_dir(&staging)?;
         if let Some(boot) = boot {
             unsynced::mark(&staging, boot)?;
         } else if reused_unsynced {
             let s = staging.clone();
-            blocking(move || sync_tree(&s)).await?;
+            blocking_held(hold(&[&staging]), move || sync_tree(&s)).await?;
         }
         // Immediate: every file was fsynced by its download. Background:
         // the mark. Either way the directory's entries must be durable
@@ -1453,9 +1493,16 @@ impl StoreFormat for RocksFormat {
         let manifest_c = manifest.clone();
         let staging_c = staging.clone();
         let target_c = target.clone();
-        let store = blocking(move || this.install(&staging_c, &target_c, &manifest_c)).await?;
+        // Held: if this restore is cancelled meanwhile, the install still
+        // finishes, and the staging paths (this one and, when `target` is
+        // itself one, the outer one) are removed only after it.
+        let held = hold(&[&staging, &target]);
+        let store = blocking_held(held, move || {
+            this.install(&staging_c, &target_c, &manifest_c)
+        })
+        .await?;
         // `staging` was renamed to `target`: nothing left to remove.
-        guard.armed = false;
+        guard.disarm();
         drop(guard);
         self.seed_cache(store.incarnation(), &manifest.files);
         stats.open = started.elapsed();

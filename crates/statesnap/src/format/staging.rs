@@ -13,20 +13,70 @@
 //! path. Leftovers are removed by the next restore of the same target
 //! ([`clean_restore_leftovers`]); paths a restore of *this* process is using
 //! are registered as live and never touched.
+//!
+//! # Which path is the target
+//!
+//! A target path is taken as written, with trailing separators and `.`
+//! components dropped ([`normalize_target`]): `store/`, `store/.` and
+//! `store` are one target. Its last component must be a name (not `..`, not
+//! a root). That last component is never followed: if it is a symbolic link
+//! the target is refused, whatever follows it in the path as written
+//! (`link/` and `link/.` name the link too). Links in the directories
+//! above it are followed, as for any path: the target is the entry of that
+//! name in the directory they lead to, and the staging paths are made
+//! there, next to it.
+//!
+//! # Cancellation
+//!
+//! A staging path is owned by a [`PathGuard`]; blocking steps that work in
+//! it (on tokio's blocking pool, where they run on even after the future
+//! that started them is dropped) take a [`Hold`] on it. The path is removed
+//! when the guard and every hold are gone, so a step still running after a
+//! cancellation can never re-create what the guard removed.
 
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::collections::{HashMap, HashSet};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::error::{Error, Result};
 use crate::store::STORE_MARKER;
 
 pub(crate) const RESTORE_MARK: &str = ".statesnap-restore-";
 pub(crate) const OLD_MARK: &str = ".statesnap-old-";
+
+/// A restore target as a restore uses it: trailing separators and `.`
+/// components dropped, so that its last component is the entry a restore
+/// replaces — `store/`, `store/.` and `store` are one target, and
+/// `link/` names the symbolic link `link` (which restores refuse), not the
+/// directory it points to. `..` components are kept as written (the
+/// kernel resolves them, as for any path). Fails `config` when the last
+/// component is not a name (`/`, `.`, a path ending in `..`).
+pub fn normalize_target(target: &Path) -> Result<PathBuf> {
+    let mut out = PathBuf::new();
+    let mut last = None;
+    for c in target.components() {
+        if c == Component::CurDir {
+            continue;
+        }
+        out.push(c.as_os_str());
+        last = Some(c);
+    }
+    match last {
+        Some(Component::Normal(_)) => Ok(out),
+        _ => Err(Error::config(format!(
+            "restore target has no name of its own path=`{}`; give the path of the store \
+             directory itself (not `/`, `.` or a path ending in `..`)",
+            target.display()
+        ))),
+    }
+}
+
 /// Refuses (`config`) a target no restore may replace even when the caller
-/// adopts it: a symlink, a non-directory, a mount point. `Ok(false)`: the
-/// target does not exist.
+/// adopts it: a symlink (also when written `link/` or `link/.`), a
+/// non-directory, a mount point. `Ok(false)`: the target does not exist.
 pub(crate) fn check_adoptable(target: &Path) -> Result<bool> {
+    let target = &normalize_target(target)?;
     let m = match std::fs::symlink_metadata(target) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
@@ -61,12 +111,37 @@ pub(crate) fn check_adoptable(target: &Path) -> Result<bool> {
     Ok(true)
 }
 
+tokio::task_local! {
+    /// The (normalized) target a [`adopting`] scope lets restores replace
+    /// although it is an unmarked, non-empty directory.
+    static ADOPTED: PathBuf;
+}
+
+/// Runs `f` with `target` adopted: within it, [`check_replaceable`] lets a
+/// restore replace `target` even if it is a non-empty directory without the
+/// store marker (`RestoreOptions::replace_unmarked`). Nothing is written to
+/// `target` to say so: the decision travels with the task to the step that
+/// replaces it.
+pub(crate) async fn adopting<F: std::future::Future>(target: &Path, f: F) -> F::Output {
+    match normalize_target(target) {
+        Ok(t) => ADOPTED.scope(t, f).await,
+        // Refused by the first check anyway.
+        Err(_) => f.await,
+    }
+}
+
+fn is_adopted(target: &Path) -> bool {
+    ADOPTED.try_with(|a| a == target).unwrap_or(false)
+}
+
 /// Why `target` must not be replaced (or emptied) by a restore, if so:
 /// a symlink (never followed: the restore would write or delete through
 /// it), a mount point (it cannot be renamed, and emptying it is not ours to
 /// do), a file, or a non-empty directory without the store marker (it is
-/// not a store this library made: it could be anything of the user's).
+/// not a store this library made: it could be anything of the user's)
+/// unless the caller adopted it ([`adopting`]).
 pub(crate) fn check_replaceable(target: &Path) -> Result<()> {
+    let target = &normalize_target(target)?;
     if !check_adoptable(target)? {
         return Ok(());
     }
@@ -75,7 +150,7 @@ pub(crate) fn check_replaceable(target: &Path) -> Result<()> {
     }
     let mut entries =
         std::fs::read_dir(target).map_err(|e| io_err("list restore target", target, e))?;
-    if entries.next().is_none() {
+    if entries.next().is_none() || is_adopted(target) {
         return Ok(());
     }
     Err(Error::config(format!(
@@ -90,7 +165,10 @@ pub(crate) fn check_replaceable(target: &Path) -> Result<()> {
 /// leftover cleanup never touches them.
 fn live_paths() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
     static LIVE: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
-    let m = LIVE.get_or_init(|| Mutex::new(HashSet::new()));
+    lock(LIVE.get_or_init(|| Mutex::new(HashSet::new())))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
@@ -105,28 +183,105 @@ pub(crate) fn unregister_live(p: &Path) {
     live_paths().remove(p);
 }
 
-/// Removes a path (registered live) when dropped, unless disarmed.
-pub(crate) struct PathGuard {
+/// The guarded staging paths of this process, for [`hold`], by
+/// [`lease_key`].
+fn leases() -> std::sync::MutexGuard<'static, HashMap<PathBuf, Weak<Lease>>> {
+    static LEASES: OnceLock<Mutex<HashMap<PathBuf, Weak<Lease>>>> = OnceLock::new();
+    lock(LEASES.get_or_init(|| Mutex::new(HashMap::new())))
+}
+
+/// How [`leases`] names a path: normalized, so that `./x` and `x` are one.
+fn lease_key(p: &Path) -> PathBuf {
+    normalize_target(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// A guarded path: removed (unless disarmed) when its guard and every
+/// [`Hold`] on it are gone.
+#[derive(Debug)]
+struct Lease {
     path: PathBuf,
-    pub(crate) armed: bool,
+    armed: AtomicBool,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.armed.load(Ordering::SeqCst)
+            && let Err(e) = remove_path(&self.path)
+        {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove staging path; the next restore will");
+        }
+        let key = lease_key(&self.path);
+        let mut leases = leases();
+        if leases.get(&key).is_some_and(|w| w.strong_count() == 0) {
+            leases.remove(&key);
+        }
+        drop(leases);
+        unregister_live(&self.path);
+    }
+}
+
+/// Removes a path (registered live) when it and every [`Hold`] taken on it
+/// are dropped, unless disarmed.
+#[derive(Debug)]
+pub(crate) struct PathGuard {
+    lease: Arc<Lease>,
 }
 
 impl PathGuard {
     pub(crate) fn new(path: PathBuf) -> Self {
         register_live(&path);
-        PathGuard { path, armed: true }
+        let lease = Arc::new(Lease {
+            path: path.clone(),
+            armed: AtomicBool::new(true),
+        });
+        leases().insert(lease_key(&path), Arc::downgrade(&lease));
+        PathGuard { lease }
+    }
+
+    /// Keeps the path: it became the store (it was renamed into place).
+    pub(crate) fn disarm(&self) {
+        self.lease.armed.store(false, Ordering::SeqCst);
     }
 }
 
-impl Drop for PathGuard {
-    fn drop(&mut self) {
-        if self.armed
-            && let Err(e) = remove_path(&self.path)
-        {
-            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove staging path; the next restore will");
-        }
-        unregister_live(&self.path);
+/// Keeps guarded paths from being removed while a blocking step that works
+/// in them runs (see the module docs, "Cancellation"). Drop it after
+/// whatever the step made there (an open store) is closed.
+#[derive(Debug, Default)]
+#[must_use]
+pub(crate) struct Hold {
+    /// Kept for their drop only.
+    _leases: Vec<Arc<Lease>>,
+}
+
+/// A [`Hold`] on those of `paths` that a
+/// [`PathGuard`] of this process owns. Take it in the task, before the
+/// blocking step starts, and move it into the step.
+pub(crate) fn hold(paths: &[&Path]) -> Hold {
+    let keys: Vec<PathBuf> = paths.iter().map(|p| lease_key(p)).collect();
+    let leases = leases();
+    Hold {
+        _leases: keys
+            .iter()
+            .filter_map(|k| leases.get(k).and_then(Weak::upgrade))
+            .collect(),
     }
+}
+
+/// Runs `f` on the blocking pool with `held` kept until whatever `f`
+/// returned is dropped (also when the caller is cancelled and nobody takes
+/// the result).
+pub(crate) async fn blocking_held<T: Send + 'static>(
+    held: Hold,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    // A tuple drops its fields in order: the result (an open store) first,
+    // then the hold, which may remove the path the store was in.
+    let (r, held) = tokio::task::spawn_blocking(move || (f(), held))
+        .await
+        .map_err(|e| Error::internal("blocking task failed").with_source(e))?;
+    drop(held);
+    r
 }
 
 pub(crate) fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -137,13 +292,32 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     crate::util::sync_dir(dir).map_err(|e| io_err("fsync directory", dir, e))
 }
 
-/// Removes a file or a directory tree; a missing path is fine.
+/// Removes a file or a directory tree; a missing path is fine. A tree that
+/// changes while it is removed (a cancelled step's last write or rename,
+/// finishing on another thread) is removed again, a few times.
 pub(crate) fn remove_path(p: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
+    let mut tries = 0;
+    loop {
+        let r = match std::fs::symlink_metadata(p) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+            Ok(_) => std::fs::remove_file(p),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => Err(e),
+        };
+        let Err(e) = r else { return Ok(()) };
+        let gone = matches!(std::fs::symlink_metadata(p), Err(m) if m.kind() == std::io::ErrorKind::NotFound);
+        if gone {
+            return Ok(());
+        }
+        let raced = matches!(
+            e.kind(),
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty
+        );
+        if !raced || tries >= 8 {
+            return Err(e);
+        }
+        tries += 1;
+        std::thread::yield_now();
     }
 }
 
@@ -193,8 +367,10 @@ pub(crate) fn remove_leftovers(dir: &Path, matches: impl Fn(&str) -> bool) -> Re
     Ok(removed)
 }
 
-/// The parent directory and file name of a restore target.
+/// The parent directory and file name of a restore target
+/// ([`normalize_target`]d).
 pub(crate) fn split_target(target: &Path) -> Result<(PathBuf, String)> {
+    let target = &normalize_target(target)?;
     let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -245,6 +421,7 @@ pub(crate) fn swap_into_place<T>(
     target: &Path,
     open: impl FnOnce(&Path) -> Result<T>,
 ) -> Result<T> {
+    let target = &normalize_target(target)?;
     let (parent, name) = split_target(target)?;
     let old = if std::fs::symlink_metadata(target).is_ok() {
         let old = parent.join(format!(

@@ -605,7 +605,10 @@ impl Repository {
         sync: bool,
     ) -> Result<()> {
         let parent = dest.parent().unwrap_or_else(|| std::path::Path::new("."));
-        tokio::fs::create_dir_all(parent).await.map_err(|e| {
+        // Not on the blocking pool: a step there outlives a cancelled caller,
+        // and could re-create a staging directory its guard just removed.
+        // (Most often the directory exists: one `stat`.)
+        std::fs::create_dir_all(parent).map_err(|e| {
             Error::io(
                 format!("cannot create directory path=`{}`", parent.display()),
                 e,

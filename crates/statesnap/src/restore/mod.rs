@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::changelog::{Changelog, ChangelogBinding};
 use crate::digest::LogicalDigest;
 use crate::error::{Error, ErrorKind, Result};
+pub use crate::format::staging::normalize_target;
 use crate::format::{RestoreContext, RestoreStats, StoreFormat};
 use crate::repo::{Manifest, Repository, SnapshotId, StoreKey, UnreadableManifest};
 use crate::store::owner::DirLock;
@@ -71,9 +72,12 @@ pub struct RestoreOptions {
     pub full_replay: bool,
     /// Replace the target even if it is a non-empty directory that is not a
     /// statesnap store (it has no [`crate::store::STORE_MARKER`]): its
-    /// contents are deleted. Off by default: a restore refuses (`config`)
-    /// such a target rather than wipe what may be the user's files. Symlinks
-    /// and mount points are refused either way.
+    /// contents are deleted once the new store replaces it. Nothing is
+    /// written into it before: a restore that is refused, fails or is
+    /// cancelled leaves it as it was. Off by default: a restore refuses
+    /// (`config`) such a target rather than wipe what may be the user's
+    /// files. Symlinks (also written `link/` or `link/.`, see
+    /// [`normalize_target`]) and mount points are refused either way.
     pub replace_unmarked: bool,
     /// Keep the store already in the target when it follows the same
     /// changelog and is at or past the newest usable snapshot (only the
@@ -162,6 +166,7 @@ pub async fn restore_store<F: StoreFormat, C: Changelog + ?Sized>(
 ) -> Result<(F::Store, RestoreReport)> {
     // Before anything is read or written: the target is ours alone for
     // the whole restore (another handle or process using it: transient).
+    let target = &crate::format::staging::normalize_target(target)?;
     let owner = DirLock::acquire(target)?;
     restore_owned(format, repo, store_key, changelog, target, options, &owner).await
 }
@@ -179,11 +184,14 @@ pub(crate) async fn restore_owned<F: StoreFormat, C: Changelog + ?Sized>(
     _owner: &DirLock,
 ) -> Result<(F::Store, RestoreReport)> {
     // A target a restore may not replace is refused whatever the source (a
-    // local store is replaced when it cannot be kept).
-    if options.replace_unmarked && crate::format::staging::check_adoptable(target)? {
-        crate::store::mark_store_dir(target)?;
+    // local store is replaced when it cannot be kept). An adopted target
+    // (`replace_unmarked`) is not written to: the decision travels with the
+    // task (`adopting`) to the step that replaces it.
+    let target = &crate::format::staging::normalize_target(target)?;
+    crate::format::staging::check_adoptable(target)?;
+    if !options.replace_unmarked {
+        crate::format::staging::check_replaceable(target)?;
     }
-    crate::format::staging::check_replaceable(target)?;
     let counted;
     let repo = match &options.progress {
         Some(p) => {
@@ -192,20 +200,27 @@ pub(crate) async fn restore_owned<F: StoreFormat, C: Changelog + ?Sized>(
         }
         None => repo,
     };
-    let plan = plan_restore(
-        format,
-        repo,
-        store_key,
-        changelog,
-        target,
-        &PlanOptions {
-            local_first: options.local_first,
-            full_replay: options.full_replay,
-            until: options.until,
-        },
-    )
-    .await?;
-    execute(format, repo, changelog, target, plan, options).await
+    let run = async {
+        let plan = plan_restore(
+            format,
+            repo,
+            store_key,
+            changelog,
+            target,
+            &PlanOptions {
+                local_first: options.local_first,
+                full_replay: options.full_replay,
+                until: options.until,
+            },
+        )
+        .await?;
+        execute(format, repo, changelog, target, plan, options).await
+    };
+    if options.replace_unmarked {
+        crate::format::staging::adopting(target, run).await
+    } else {
+        run.await
+    }
 }
 
 /// [`restore_store`] for a store another process will open (the CLI's
@@ -213,10 +228,16 @@ pub(crate) async fn restore_owned<F: StoreFormat, C: Changelog + ?Sized>(
 /// is built in a hidden staging directory next to `target`, the store is
 /// closed and synced, and only then moved over `target`. An error, or the
 /// future being dropped (Ctrl-C), at any point leaves `target` as it was,
-/// and the staging directory is removed (by its guard; a killed process's
-/// leftovers by the next restore of `target`). The store already in
-/// `target` is never reused (`local_first` is ignored). Fails `config` for a
-/// format whose stores live in memory (nothing to put in a directory).
+/// and the staging directory is removed (by its guard, once the blocking
+/// steps the restore started have finished; a killed process's leftovers
+/// by the next restore of `target`). Nothing is written into `target`
+/// before the final rename (only the staging directory beside it), and a
+/// target that changed meanwhile (it became a symbolic link, or a
+/// non-empty unmarked directory without `replace_unmarked`) is checked
+/// again just before the rename and refused. `target` is read as
+/// [`normalize_target`] says. The store already in `target` is never
+/// reused (`local_first` is ignored). Fails `config` for a format whose
+/// stores live in memory (nothing to put in a directory).
 pub async fn restore_into<F: StoreFormat, C: Changelog + ?Sized>(
     format: &F,
     repo: &Repository,
@@ -227,13 +248,21 @@ pub async fn restore_into<F: StoreFormat, C: Changelog + ?Sized>(
 ) -> Result<RestoreReport> {
     use crate::format::staging;
     // Nothing is read or written before the target is ours: a live handle
-    // (or another restore) using it refuses this one (transient).
+    // (or another restore) using it refuses this one (transient). Nothing
+    // is written to `target` before the final rename: an adopted target
+    // (`replace_unmarked`) is only checked here, and again just before it
+    // is replaced.
+    let target = &staging::normalize_target(target)?;
     let owner = DirLock::acquire(target)?;
-    if options.replace_unmarked && staging::check_adoptable(target)? {
-        crate::store::mark_store_dir(target)?;
-    }
-    staging::check_replaceable(target)?;
-    let (stage, mut guard) = staging::new_restore_staging(target)?;
+    let check_target = || -> Result<()> {
+        staging::check_adoptable(target)?;
+        if !options.replace_unmarked {
+            staging::check_replaceable(target)?;
+        }
+        Ok(())
+    };
+    check_target()?;
+    let (stage, guard) = staging::new_restore_staging(target)?;
     let inner = RestoreOptions {
         local_first: false,
         replace_unmarked: false,
@@ -257,8 +286,11 @@ pub async fn restore_into<F: StoreFormat, C: Changelog + ?Sized>(
     // to sync in the background are synced here, and its marks removed.
     let marks = crate::store::unsynced::check(&stage)?;
     crate::store::unsynced::sync_and_clear(&stage, &marks)?;
+    // The target may have changed while the store was built (a link put in
+    // its place, files put in a directory that was empty).
+    check_target()?;
     staging::swap_into_place(&stage, target, |_| Ok(()))?;
-    guard.armed = false;
+    guard.disarm();
     Ok(report)
 }
 

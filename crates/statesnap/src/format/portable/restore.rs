@@ -52,7 +52,8 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
                 f.path.escape_debug()
             )));
         }
-        staging::check_replaceable(ctx.target)?;
+        let target = staging::normalize_target(ctx.target)?;
+        staging::check_replaceable(&target)?;
         let by_path: BTreeMap<&str, &FileEntry> = manifest
             .files
             .iter()
@@ -111,15 +112,18 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         }
         let factory = Arc::clone(&self.factory);
         let budget = self.decode_budget;
-        let target = ctx.target.to_path_buf();
+        // The load runs on its own thread: if this restore is cancelled, it
+        // runs on until its fetches end, and `target` (when it is a staging
+        // path itself) must outlive it.
+        let held = staging::hold(&[&target]);
         let offset = manifest.changelog.offset;
         let binding = manifest.changelog.binding();
         let id = manifest.snapshot_id.to_string();
-        let store = tokio::task::spawn_blocking(move || -> Result<S> {
+        let load = move || -> Result<S> {
             // Built at a staging path, switched in only when complete: a
             // crash mid-load never leaves a partial store at `target` that
             // already carries the snapshot's offset (invariant 1).
-            let (staging, mut guard) = new_restore_staging(&target)?;
+            let (staging, guard) = new_restore_staging(&target)?;
             let mut store = factory(&staging)?;
             // Bound before the first record and before the switch: a store
             // at `target` never carries the snapshot's offset without it.
@@ -128,7 +132,7 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             if std::fs::symlink_metadata(&staging).is_err() {
                 // The factory keeps nothing at the path (an in-memory
                 // store): there is nothing a crash could leave half-written.
-                guard.armed = false;
+                guard.disarm();
                 remove_path(&target)?;
                 return Ok(store);
             }
@@ -150,10 +154,19 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
                 }
                 Ok(store)
             })?;
-            guard.armed = false;
+            guard.disarm();
             Ok(store)
+        };
+        let store = tokio::task::spawn_blocking(move || {
+            let r = load();
+            // After the store (`r`) is closed: the hold may remove `target`.
+            (r, held)
         })
         .await
+        .map(|(r, held)| {
+            drop(held);
+            r
+        })
         .map_err(|e| Error::internal("portable restore task failed").with_source(e));
         // The loader is done (or failed): no fetch may outlive the restore.
         fetchers.shutdown().await;
