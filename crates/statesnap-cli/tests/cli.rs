@@ -754,14 +754,12 @@ fn the_commands_work_against_the_s3_server() {
     assert_eq!(json_of(&stores)[0]["store"], "demo.users.0");
 }
 
-/// Ctrl-C in the middle of a restore: exit 130, the target untouched, no
-/// staging left behind.
-#[test]
-fn ctrl_c_during_a_restore_leaves_nothing_behind() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
+/// A repository in `root/repo` and a file changelog in `root/log` with
+/// `records` writes to 200 000 carts (committed every 10 000), and a
+/// snapshot after record `snapshot_after` if given: a restore long enough
+/// to interrupt. Returns the repository's URL.
+fn long_history(root: &Path, records: u32, snapshot_after: Option<u32>) -> String {
     let repo_url = format!("file://{}", root.join("repo").display());
-    // A long changelog and no snapshot: a full replay takes seconds.
     rt().block_on(async {
         let repo = Repository::init(&repo_url, Default::default())
             .await
@@ -773,7 +771,7 @@ fn ctrl_c_during_a_restore_leaves_nothing_behind() {
         let spec =
             StoreSpec::rocksdb("shop", "carts", 0, log(root), root.join("app-store")).unwrap();
         let mut h = m.open(spec).await.unwrap();
-        for i in 0..1_500_000u32 {
+        for i in 0..records {
             h.put(
                 format!("cart-{:07}", i % 200_000),
                 i.to_le_bytes().repeat(8),
@@ -781,11 +779,28 @@ fn ctrl_c_during_a_restore_leaves_nothing_behind() {
             if i % 10_000 == 9_999 {
                 h.commit().unwrap();
             }
+            if snapshot_after == Some(i) {
+                h.commit().unwrap();
+                assert!(h.snapshot_now().unwrap());
+                let st = h.wait_for_snapshot().await;
+                assert_eq!(st.snapshots_failed, 0, "{:?}", st.last_error);
+            }
         }
         h.commit().unwrap();
         h.abandon().await;
         m.shutdown().await;
     });
+    repo_url
+}
+
+/// Ctrl-C in the middle of a restore: exit 130, the target untouched, no
+/// staging left behind.
+#[test]
+fn ctrl_c_during_a_restore_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // A long changelog and no snapshot: a full replay takes seconds.
+    let repo_url = long_history(root, 1_500_000, None);
     let parent = root.join("out");
     std::fs::create_dir_all(&parent).unwrap();
     let target = parent.join("restored");
@@ -924,39 +939,9 @@ fn restore_refuses_a_symlinked_target_however_it_is_written() {
 fn ctrl_c_during_a_forced_restore_leaves_the_directory_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let repo_url = format!("file://{}", root.join("repo").display());
     // A snapshot, then a long tail: the restore downloads, then replays
     // for a while.
-    rt().block_on(async {
-        let repo = Repository::init(&repo_url, Default::default())
-            .await
-            .unwrap();
-        let m = StateManager::builder(repo)
-            .policy(SnapshotPolicy::manual())
-            .build()
-            .unwrap();
-        let spec =
-            StoreSpec::rocksdb("shop", "carts", 0, log(root), root.join("app-store")).unwrap();
-        let mut h = m.open(spec).await.unwrap();
-        for i in 0..1_000_000u32 {
-            h.put(
-                format!("cart-{:07}", i % 200_000),
-                i.to_le_bytes().repeat(8),
-            );
-            if i % 10_000 == 9_999 {
-                h.commit().unwrap();
-            }
-            if i == 400_000 {
-                h.commit().unwrap();
-                assert!(h.snapshot_now().unwrap());
-                let st = h.wait_for_snapshot().await;
-                assert_eq!(st.snapshots_failed, 0, "{:?}", st.last_error);
-            }
-        }
-        h.commit().unwrap();
-        h.abandon().await;
-        m.shutdown().await;
-    });
+    let repo_url = long_history(root, 1_000_000, Some(400_000));
     let log_url = format!("file://{}", root.join("log").display());
     let parent = root.join("out");
     let target = parent.join("home");

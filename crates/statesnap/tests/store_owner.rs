@@ -285,30 +285,28 @@ async fn live_store_survives_intruders(kind: Kind, intruders: &[(Intruder, usize
     m.shutdown().await;
 }
 
+const INTRUDERS: [Intruder; 3] = [
+    Intruder::SameManager,
+    Intruder::OtherManager,
+    Intruder::Restore,
+];
+
+/// Every intruder with every spelling.
+fn every_intrusion() -> Vec<(Intruder, usize)> {
+    INTRUDERS
+        .into_iter()
+        .flat_map(|w| (0..5).map(move |s| (w, s)))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_rocksdb_store_is_never_touched_by_a_second_opener() {
-    let all: Vec<(Intruder, usize)> = [
-        Intruder::SameManager,
-        Intruder::OtherManager,
-        Intruder::Restore,
-    ]
-    .into_iter()
-    .flat_map(|w| (0..5).map(move |s| (w, s)))
-    .collect();
-    live_store_survives_intruders(Kind::Rocks, &all).await;
+    live_store_survives_intruders(Kind::Rocks, &every_intrusion()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_memory_store_is_never_touched_by_a_second_opener() {
-    let all: Vec<(Intruder, usize)> = [
-        Intruder::SameManager,
-        Intruder::OtherManager,
-        Intruder::Restore,
-    ]
-    .into_iter()
-    .flat_map(|w| (0..5).map(move |s| (w, s)))
-    .collect();
-    live_store_survives_intruders(Kind::Memory, &all).await;
+    live_store_survives_intruders(Kind::Memory, &every_intrusion()).await;
 }
 
 #[test]
@@ -390,7 +388,7 @@ proptest! {
         let kind = if rocks { Kind::Rocks } else { Kind::Memory };
         let intruders: Vec<(Intruder, usize)> = intruders
             .into_iter()
-            .map(|(w, s)| ([Intruder::SameManager, Intruder::OtherManager, Intruder::Restore][w], s))
+            .map(|(w, s)| (INTRUDERS[w], s))
             .collect();
         common::rt().block_on(async {
             live_store_survives_intruders(kind, &intruders).await;
