@@ -763,30 +763,30 @@ fn long_history(root: &Path, records: u32, snapshot_after: Option<u32>) -> Strin
     rt().block_on(async {
         let repo = Repository::init(&repo_url, Default::default())
             .await
-            .unwrap();
+            .expect("init");
         let m = StateManager::builder(repo)
             .policy(SnapshotPolicy::manual())
             .build()
-            .unwrap();
-        let spec =
-            StoreSpec::rocksdb("shop", "carts", 0, log(root), root.join("app-store")).unwrap();
-        let mut h = m.open(spec).await.unwrap();
+            .expect("manager");
+        let spec = StoreSpec::rocksdb("shop", "carts", 0, log(root), root.join("app-store"))
+            .expect("spec");
+        let mut h = m.open(spec).await.expect("open");
         for i in 0..records {
             h.put(
                 format!("cart-{:07}", i % 200_000),
                 i.to_le_bytes().repeat(8),
             );
             if i % 10_000 == 9_999 {
-                h.commit().unwrap();
+                h.commit().expect("commit");
             }
             if snapshot_after == Some(i) {
-                h.commit().unwrap();
-                assert!(h.snapshot_now().unwrap());
+                h.commit().expect("commit");
+                assert!(h.snapshot_now().expect("snapshot"));
                 let st = h.wait_for_snapshot().await;
                 assert_eq!(st.snapshots_failed, 0, "{:?}", st.last_error);
             }
         }
-        h.commit().unwrap();
+        h.commit().expect("commit");
         h.abandon().await;
         m.shutdown().await;
     });
