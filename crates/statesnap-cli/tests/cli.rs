@@ -129,6 +129,26 @@ fn snapshot_ids(f: &Fixture) -> Vec<String> {
         .collect()
 }
 
+/// Flips a byte in the middle of the newest snapshot's largest SST blob
+/// (one only it names: the fixture compacted the store before it) and
+/// returns the blob's path.
+fn rot_newest_largest_sst(f: &Fixture) -> PathBuf {
+    let ids = snapshot_ids(f);
+    let newest = run_json(f, &["show", STORE, &ids[2]], 0);
+    let ssts: Vec<String> = newest["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .filter(|file| file["path"].as_str().is_some_and(|p| p.ends_with(".sst")))
+        .map(|file| file["blake3"].as_str().expect("blake3").to_owned())
+        .collect();
+    let blob = largest_blob_of(f, &ssts);
+    let mut bytes = std::fs::read(&blob).expect("read blob");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&blob, bytes).expect("write blob");
+    blob
+}
 /// The largest blob file of the repository among those named `names`.
 fn largest_blob_of(f: &Fixture, names: &[String]) -> PathBuf {
     let mut blobs = Vec::new();
@@ -325,19 +345,7 @@ fn verify_finds_a_rotten_blob_and_restore_falls_back_past_it() {
     // Rot the newest snapshot's largest SST (one only it names: the
     // fixture compacted the store before it).
     let ids = snapshot_ids(&f);
-    let newest = run_json(&f, &["show", STORE, &ids[2]], 0);
-    let uploaded_by_newest: Vec<String> = newest["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|file| file["path"].as_str().unwrap().ends_with(".sst"))
-        .map(|file| file["blake3"].as_str().unwrap().to_owned())
-        .collect();
-    let blob = largest_blob_of(&f, &uploaded_by_newest);
-    let mut bytes = std::fs::read(&blob).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0xff;
-    std::fs::write(&blob, bytes).unwrap();
+    let blob = rot_newest_largest_sst(&f);
     let name = blob.file_name().unwrap().to_str().unwrap().to_owned();
 
     let bad = run_json(&f, &["verify"], 5);
@@ -1348,20 +1356,7 @@ fn retain_dry_run_counts_unreferenced_blobs_the_grace_protects() {
 #[test]
 fn warnings_are_printed_once_without_colour_codes() {
     let f = fixture();
-    let ids = snapshot_ids(&f);
-    let newest = run_json(&f, &["show", STORE, &ids[2]], 0);
-    let ssts: Vec<String> = newest["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|file| file["path"].as_str().unwrap().ends_with(".sst"))
-        .map(|file| file["blake3"].as_str().unwrap().to_owned())
-        .collect();
-    let blob = largest_blob_of(&f, &ssts);
-    let mut bytes = std::fs::read(&blob).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0xff;
-    std::fs::write(&blob, bytes).unwrap();
+    rot_newest_largest_sst(&f);
     for json in [false, true] {
         let mut c = statesnap_clean_env();
         c.args(["verify", "--repo", &f.repo_url]);
