@@ -205,31 +205,30 @@ async fn intrude(
             let l = log(&logs, 1);
             let options = RestoreOptions::default();
             match kind {
-                Kind::Memory => restore_store(
-                    &PortableFormat::memory(),
-                    &repo,
-                    &key(1),
-                    &l,
-                    spelled,
-                    &options,
-                )
-                .await
-                .map(drop)
-                .unwrap_err(),
-                Kind::Rocks => restore_store(
-                    &RocksFormat::new(Default::default()),
-                    &repo,
-                    &key(1),
-                    &l,
-                    spelled,
-                    &options,
-                )
-                .await
-                .map(drop)
-                .unwrap_err(),
+                Kind::Memory => {
+                    restore_err(&PortableFormat::memory(), &repo, &l, spelled, &options).await
+                }
+                Kind::Rocks => {
+                    let format = RocksFormat::new(Default::default());
+                    restore_err(&format, &repo, &l, spelled, &options).await
+                }
             }
         }
     }
+}
+
+/// The error of a lower-layer restore of partition 1 into `target`.
+async fn restore_err<F: statesnap::StoreFormat>(
+    format: &F,
+    repo: &Repository,
+    log: &Log,
+    target: &Path,
+    options: &RestoreOptions,
+) -> statesnap::Error {
+    restore_store(format, repo, &key(1), log, target, options)
+        .await
+        .map(drop)
+        .unwrap_err()
 }
 
 /// A live handle, then every intruder under every spelling of its
