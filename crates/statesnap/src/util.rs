@@ -60,6 +60,41 @@ where
     Ok(out)
 }
 
+/// Runs blocking work (an fsync, a scan, a replay, a RocksDB call) where it
+/// cannot stall an executor thread: on tokio's blocking pool when called
+/// inside a runtime, inline otherwise (in the spirit of object_store's
+/// `maybe_spawn_blocking`). Every blocking step of an async function goes
+/// through here, so a current-thread runtime, or the background runtime's
+/// single worker, keeps polling its other tasks meanwhile.
+///
+/// A caller that is dropped does not stop `f`: what it owns is dropped
+/// when it returns.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> crate::Result<T> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => handle.spawn_blocking(f).await.map_err(|e| {
+            crate::Error::internal("a blocking task panicked or was cancelled").with_source(e)
+        })?,
+        Err(_) => f(),
+    }
+}
+
+/// Runs blocking work that borrows from its caller (a replay reading a
+/// borrowed changelog, a RocksDB open through a borrowed format) from an
+/// async function: on a multi-thread runtime's worker through
+/// `tokio::task::block_in_place`, so the worker's other tasks move to
+/// another thread meanwhile; inline anywhere else (a blocking thread, no
+/// runtime). On a current-thread runtime it cannot help: work that must not
+/// stall one goes through [`blocking`] with what it owns.
+pub(crate) fn blocking_here<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// splitmix64: the next value of the sequence whose state is `state` (a
 /// small, fast, seeded generator for reproducible ids and workloads).
 pub(crate) fn splitmix64(state: &mut u64) -> u64 {

@@ -1225,3 +1225,236 @@ async fn every_transferred_byte_goes_through_the_bandwidth_limit() {
     h.abandon().await;
     m.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------
+// No blocking work on the polling thread.
+//
+// A snapshot and an open run on a current-thread runtime beside a watchdog
+// task that must keep ticking. The changelog is the file log behind a gate:
+// its `flush` and its readers' batches wait until the watchdog has ticked
+// twice more. Called on the runtime's only thread, they would wait for a
+// tick that cannot come, and give up (the test fails) after 60 s.
+
+mod watchdog {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use futures::future::BoxFuture;
+    use statesnap::changelog::{
+        Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, LoggedRecord, Record,
+    };
+    use statesnap::{Error, ErrorKind, FileChangelog, Result};
+
+    /// Counts the watchdog's ticks and the gates it opened.
+    #[derive(Debug, Default)]
+    pub struct Ticks {
+        pub ticks: AtomicU64,
+        pub gates: AtomicU64,
+    }
+
+    impl Ticks {
+        /// Starts the watchdog on the current runtime.
+        pub fn start() -> Arc<Ticks> {
+            let t = Arc::new(Ticks::default());
+            let w = Arc::clone(&t);
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_millis(1));
+                loop {
+                    every.tick().await;
+                    w.ticks.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+            t
+        }
+
+        /// Waits (blocking) until the watchdog has ticked twice more.
+        fn gate(&self, what: &str) -> Result<()> {
+            let from = self.ticks.load(Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while self.ticks.load(Ordering::SeqCst) < from + 2 {
+                if Instant::now() > deadline {
+                    return Err(Error::new(
+                        ErrorKind::Internal,
+                        format!("{what} ran on the polling thread: the watchdog starved"),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.gates.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// The file log, with `flush` and reads gated on the watchdog.
+    #[derive(Debug)]
+    pub struct Gated {
+        pub log: Arc<FileChangelog>,
+        pub ticks: Arc<Ticks>,
+    }
+
+    struct GatedReader<'a> {
+        inner: Box<dyn ChangelogReader + 'a>,
+        ticks: Arc<Ticks>,
+    }
+
+    impl ChangelogReader for GatedReader<'_> {
+        fn next_batch(&mut self, max_records: usize) -> Result<Option<Vec<LoggedRecord>>> {
+            self.ticks.gate("a changelog read")?;
+            self.inner.next_batch(max_records)
+        }
+        fn end_offset(&self) -> u64 {
+            self.inner.end_offset()
+        }
+    }
+
+    impl Changelog for Gated {
+        fn id(&self) -> &ChangelogId {
+            self.log.id()
+        }
+        fn append(&self, batch: &[Record]) -> Result<Vec<u64>> {
+            self.log.append(batch)
+        }
+        fn read_from(&self, from: u64) -> Result<Box<dyn ChangelogReader + '_>> {
+            Ok(Box::new(GatedReader {
+                inner: self.log.read_from(from)?,
+                ticks: Arc::clone(&self.ticks),
+            }))
+        }
+        fn start_offset(&self) -> Result<u64> {
+            self.log.start_offset()
+        }
+        fn end_offset(&self) -> Result<u64> {
+            self.log.end_offset()
+        }
+        fn lineage(&self) -> Result<Lineage> {
+            self.log.lineage()
+        }
+        fn horizon(&self) -> Result<Horizon> {
+            self.log.horizon()
+        }
+        fn flush(&self) -> Result<()> {
+            self.ticks.gate("a changelog flush")?;
+            self.log.flush()
+        }
+        /// What a log whose flush blocks does: the wait on a blocking thread.
+        fn flush_async(&self) -> BoxFuture<'_, Result<()>> {
+            let (log, ticks) = (Arc::clone(&self.log), Arc::clone(&self.ticks));
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    ticks.gate("a changelog flush")?;
+                    log.flush()
+                })
+                .await
+                .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?
+            })
+        }
+        fn epoch_at(&self, offset: u64) -> Result<Option<u64>> {
+            self.log.epoch_at(offset)
+        }
+    }
+}
+
+/// Snapshots on the caller's runtime (the lower layer), then opens through
+/// the manager, which replays the tail: `kind`'s store, 20 000 records
+/// before the snapshot and 5 000 after.
+async fn snapshot_and_open_beside_a_watchdog(kind: Kind) {
+    use statesnap::{Changelog, LoggedStore, StoreFormat, commit_snapshot};
+    use std::sync::atomic::Ordering;
+    use watchdog::{Gated, Ticks};
+
+    let (dir, clock, repo) = setup().await;
+    let ticks = Ticks::start();
+    let file_log = Arc::new(log(dir.path()).unwrap());
+    let gated = || Gated {
+        log: Arc::clone(&file_log),
+        ticks: Arc::clone(&ticks),
+    };
+    let mut model = Kv::new();
+    let mut rng = Rng(7);
+    let put_all = |model: &mut Kv, rng: &mut Rng, n: usize| {
+        (0..n)
+            .map(|_| {
+                let k = Bytes::from(format!("k{:06}", rng.below(50_000)));
+                let v = Bytes::from(rng.below(1 << 30).to_string());
+                model.insert(k.clone(), v.clone());
+                (k, v)
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = put_all(&mut model, &mut rng, 20_000);
+    let store_dir = dir.path().join("store");
+    match kind {
+        Kind::Memory => {
+            let mut ls = LoggedStore::new(statesnap::MemoryStore::new(), gated()).unwrap();
+            for (k, v) in before {
+                ls.put(k, v);
+            }
+            ls.commit().unwrap();
+            let format = statesnap::PortableFormat::memory();
+            let cut = format.capture(ls.store()).unwrap();
+            commit_snapshot(&format, cut, &repo, &sk(), ls.changelog(), None)
+                .await
+                .unwrap();
+        }
+        Kind::Rocks => {
+            let store = statesnap::RocksStore::open(&store_dir, &Default::default()).unwrap();
+            let mut ls = LoggedStore::new(store, gated()).unwrap();
+            for (k, v) in before {
+                ls.put(k, v);
+            }
+            ls.commit().unwrap();
+            let format = statesnap::RocksFormat::new(Default::default());
+            let cut = format.capture(ls.store()).unwrap();
+            commit_snapshot(&format, cut, &repo, &sk(), ls.changelog(), None)
+                .await
+                .unwrap();
+            drop(ls);
+            // The next owner restores from the snapshot, not this directory.
+            std::fs::remove_dir_all(&store_dir).unwrap();
+        }
+    }
+    let flushed = ticks.gates.load(Ordering::SeqCst);
+    assert!(flushed >= 1, "the snapshot flushed the changelog");
+    // The tail, written through the plain log.
+    let tail = put_all(&mut model, &mut rng, 5_000);
+    let records: Vec<statesnap::Record> = tail
+        .into_iter()
+        .map(|(k, v)| statesnap::Record::put(k, v))
+        .collect();
+    file_log.append(&records).unwrap();
+    let m = manager(repo, &clock, SnapshotPolicy::manual());
+    let got = match kind {
+        Kind::Memory => {
+            let spec = StoreSpec::memory("app", "rt", 0, gated(), &store_dir).unwrap();
+            let h = m.open(spec).await.unwrap();
+            assert_eq!(h.report().replay.records, 5_000);
+            let got = contents(h.store());
+            h.abandon().await;
+            got
+        }
+        Kind::Rocks => {
+            let spec = StoreSpec::rocksdb("app", "rt", 0, gated(), &store_dir).unwrap();
+            let h = m.open(spec).await.unwrap();
+            assert_eq!(h.report().replay.records, 5_000);
+            let got = contents(h.store());
+            h.abandon().await;
+            got
+        }
+    };
+    assert_eq!(got, model);
+    assert!(
+        ticks.gates.load(Ordering::SeqCst) > flushed,
+        "the open's replay read the changelog"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_memory_snapshot_and_open_never_block_a_current_thread_runtime() {
+    snapshot_and_open_beside_a_watchdog(Kind::Memory).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_rocksdb_snapshot_and_open_never_block_a_current_thread_runtime() {
+    snapshot_and_open_beside_a_watchdog(Kind::Rocks).await;
+}

@@ -15,6 +15,7 @@ pub use url::ChangelogUrl;
 pub mod kafka;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -355,6 +356,15 @@ pub trait Changelog: Send + Sync {
     /// Makes every appended record durable now, whatever the sync policy.
     fn flush(&self) -> Result<()>;
 
+    /// [`Changelog::flush`] for an async caller (a snapshot being
+    /// committed): the same guarantee, with the wait (an fsync, the
+    /// acknowledgements) on a blocking thread, so it stalls no executor
+    /// thread. The default calls `flush` on the polling thread: a log whose
+    /// `flush` blocks overrides it (the file log and Kafka do).
+    fn flush_async(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(std::future::ready(self.flush()))
+    }
+
     /// The writer epoch that appended the record at `offset`, if this log
     /// keeps an epoch history and it covers `offset` (`None` otherwise: the
     /// check is skipped).
@@ -400,6 +410,9 @@ macro_rules! forward_changelog {
             }
             fn flush(&self) -> Result<()> {
                 (**self).flush()
+            }
+            fn flush_async(&self) -> BoxFuture<'_, Result<()>> {
+                (**self).flush_async()
             }
             fn epoch_at(&self, offset: u64) -> Result<Option<u64>> {
                 (**self).epoch_at(offset)

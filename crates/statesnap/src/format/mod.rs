@@ -170,14 +170,19 @@ pub trait StoreFormat: Send + Sync {
 
     /// The logical digest of the cut's contents
     /// ([`crate::digest::LogicalDigest`]), for the manifest, computed
-    /// before `write`, on the task that runs the snapshot: for cuts whose
-    /// digest is cheap (the portable format follows a memory cut's
-    /// changes). `Ok(None)`: none here — the format computes it in `write`
+    /// before `write`, for cuts whose digest is cheap (the portable format
+    /// follows a memory cut's changes). A scan belongs on a blocking thread
+    /// (`tokio::task::spawn_blocking`), never on the polling one: the task
+    /// that runs the snapshot shares its executor with other stores'
+    /// uploads. `Ok(None)`: none here — the format computes it in `write`
     /// instead ([`WriteContext::logical_digest`]; the RocksDB format), or
     /// cannot compute one.
-    fn cut_digest(&self, cut: &Self::Cut) -> Result<Option<crate::digest::LogicalDigest>> {
+    fn cut_digest(
+        &self,
+        cut: &Self::Cut,
+    ) -> impl Future<Output = Result<Option<crate::digest::LogicalDigest>>> + Send {
         let _ = cut;
-        Ok(None)
+        std::future::ready(Ok(None))
     }
 
     /// Whether snapshots record a logical digest unless told otherwise

@@ -277,9 +277,7 @@ pub(crate) async fn blocking_held<T: Send + 'static>(
 ) -> Result<T> {
     // A tuple drops its fields in order: the result (an open store) first,
     // then the hold, which may remove the path the store was in.
-    let (r, held) = tokio::task::spawn_blocking(move || (f(), held))
-        .await
-        .map_err(|e| Error::internal("blocking task failed").with_source(e))?;
+    let (r, held) = crate::util::blocking(move || Ok((f(), held))).await?;
     drop(held);
     r
 }

@@ -21,6 +21,7 @@ use crate::repo::{Manifest, Repository, SnapshotId, StoreKey, UnreadableManifest
 use crate::store::owner::DirLock;
 pub use crate::store::replay::{ReplayOptions, ReplayProgress, ReplayReport, replay, replay_until};
 use crate::store::{StateStore, StateStoreExt, bind_restored};
+use crate::util::blocking_here;
 pub use plan::{
     PlanOptions, PlanStep, Rates, Rejected, RestorePlan, Source, plan_restore, step_time,
 };
@@ -474,32 +475,33 @@ async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
     // was wiped: the local store is gone.
     let mut local_gone = false;
     for step in &plan.steps {
-        let attempt = match &step.source {
-            Source::Local { .. } if local_gone => continue,
-            Source::Local { .. } => format
-                .open_local(target)
-                .map(|s| (s, RestoreStats::default())),
-            Source::Snapshot { id, .. } => match plan.manifest(*id) {
-                Some(m) => match format.restore(m, RestoreContext { repo, target }).await {
-                    Ok((store, stats)) if options.verify_digest => match check_digest(&store, m) {
-                        Ok(()) => Ok((store, stats)),
-                        Err(e) => {
-                            drop(store);
-                            local_gone = true;
-                            drop(format.create_empty(target)?);
-                            Err(e)
+        let attempt =
+            match &step.source {
+                Source::Local { .. } if local_gone => continue,
+                Source::Local { .. } => blocking_here(|| format.open_local(target))
+                    .map(|s| (s, RestoreStats::default())),
+                Source::Snapshot { id, .. } => match plan.manifest(*id) {
+                    Some(m) => match format.restore(m, RestoreContext { repo, target }).await {
+                        Ok((store, stats)) if options.verify_digest => {
+                            match blocking_here(|| check_digest(&store, m)) {
+                                Ok(()) => Ok((store, stats)),
+                                Err(e) => {
+                                    drop(store);
+                                    local_gone = true;
+                                    drop(blocking_here(|| format.create_empty(target))?);
+                                    Err(e)
+                                }
+                            }
                         }
+                        other => other,
                     },
-                    other => other,
+                    None => Err(Error::internal(format!(
+                        "restore plan names a snapshot it holds no manifest for snapshot=`{id}`"
+                    ))),
                 },
-                None => Err(Error::internal(format!(
-                    "restore plan names a snapshot it holds no manifest for snapshot=`{id}`"
-                ))),
-            },
-            Source::FullReplay => format
-                .create_empty(target)
-                .map(|s| (s, RestoreStats::default())),
-        };
+                Source::FullReplay => blocking_here(|| format.create_empty(target))
+                    .map(|s| (s, RestoreStats::default())),
+            };
         match attempt {
             Ok((store, stats)) => {
                 restored = Some((store, stats, step.source.clone()));
@@ -558,17 +560,19 @@ async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
         let to = options.until.map_or(end, |u| u.saturating_add(1).min(end));
         p.replay_started(from, to);
     }
-    let replay = replay_until(
-        &mut store,
-        changelog,
-        &options.replay,
-        options.until,
-        &mut |r| {
-            if let Some(p) = &options.progress {
-                p.replayed(r);
-            }
-        },
-    )?;
+    let replay = blocking_here(|| {
+        replay_until(
+            &mut store,
+            changelog,
+            &options.replay,
+            options.until,
+            &mut |r| {
+                if let Some(p) = &options.progress {
+                    p.replayed(r);
+                }
+            },
+        )
+    })?;
     // Skipped: snapshots newer than the source, rejected or failed.
     let start = source.start_offset();
     let mut skipped: Vec<SkippedSnapshot> = plan

@@ -547,7 +547,7 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
     let mut rejected = Vec::new();
     let mut local = None;
     if options.local_first && !options.full_replay {
-        match format.inspect_local(target) {
+        match crate::util::blocking_here(|| format.inspect_local(target)) {
             Ok(None) => {}
             Ok(Some(info)) => {
                 let source = Source::Local {

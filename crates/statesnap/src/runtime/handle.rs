@@ -149,14 +149,13 @@ where
     };
     // Restore downloads (async) and replays (blocking): all of it on a
     // blocking thread so no executor worker stalls on the replay.
-    let restored = tokio::task::spawn_blocking(move || {
+    let restored = crate::util::blocking(move || {
         let _g = span.enter();
         rt.block_on(crate::restore::restore_owned(
             &*f, &repo, &key, &*c, &dir, &options, &held.lock,
         ))
     })
-    .await
-    .map_err(|e| Error::internal(format!("restore task failed store_key=`{store_key}`: {e}")))?;
+    .await;
     drop(permit);
     let (store, report) = restored?;
     manager.seed_rates(&report.plan.manifests);

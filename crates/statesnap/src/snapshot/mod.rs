@@ -118,7 +118,7 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
         .logical_digest
         .unwrap_or_else(|| format.digest_by_default());
     let cut_digest = if digest_wanted {
-        format.cut_digest(&cut)?
+        format.cut_digest(&cut).await?
     } else {
         None
     };
@@ -136,10 +136,10 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
     // Durability: everything up to the cut's offset is on disk (file log:
     // fsync; Kafka: acknowledged by all in-sync replicas) before a manifest
     // can name that offset. The flush only has to finish before the commit
-    // below, so it runs while the files upload: `join` polls the write
-    // first, which hands its transfers to other threads, and the flush's
-    // wait then overlaps them instead of following them.
-    let (out, flushed) = futures::join!(write, async { changelog.flush() });
+    // below, so it runs while the files upload, its wait on a blocking
+    // thread (`flush_async`): the uploads, and other stores' snapshots on
+    // the same executor, go on meanwhile.
+    let (out, flushed) = futures::join!(write, changelog.flush_async());
     let out = out?;
     flushed?;
     let logical_digest = if digest_wanted {

@@ -228,60 +228,63 @@ impl FileChangelog {
     /// everything appended before the call reaches disk. The fsyncs run
     /// *outside* the writer lock, so appends (commits) go on meanwhile
     /// instead of waiting for the disk: the handles and positions to sync
-    /// are taken under the lock, synced without it, and recorded under it
-    /// again (a segment rolled meanwhile is left to a later sync).
+    /// are taken under the lock ([`Self::begin_sync`]), synced without it
+    /// ([`PendingSync::run`]), and recorded under it again
+    /// ([`Self::end_sync`]; a segment rolled meanwhile is left to a later
+    /// sync).
     pub(super) fn sync_all_concurrently(&self) -> Result<()> {
-        let (closed, active, dir_gen) = {
-            let mut w = lock(&self.writer)?;
-            if let Some(why) = &w.poisoned {
-                return Err(Error::io(
-                    format!(
-                        "changelog writer is unusable after an earlier failure path=`{}`: {why}; \
-                         reopen the changelog",
-                        self.dir.display()
-                    ),
-                    std::io::Error::other("poisoned"),
-                ));
-            }
-            let active = if w.dirty {
-                let f = w
-                    .file
-                    .try_clone()
-                    .map_err(|e| io_err("clone handle", &w.active.path, e))?;
-                Some((Arc::clone(&w.active), f, w.pos))
-            } else {
-                None
-            };
-            (
-                std::mem::take(&mut w.unsynced),
-                active,
-                w.dir_dirty.then_some(w.dir_gen),
-            )
+        let pending = self.begin_sync()?;
+        let (pending, synced) = pending.run();
+        self.end_sync(pending, synced)
+    }
+
+    /// [`Self::sync_all_concurrently`] with the fsyncs on a blocking thread.
+    pub(super) async fn sync_all_off_thread(&self) -> Result<()> {
+        let pending = self.begin_sync()?;
+        let (pending, synced) = crate::util::blocking(move || Ok(pending.run())).await?;
+        self.end_sync(pending, synced)
+    }
+
+    /// Takes what a flush must sync, under the writer lock.
+    fn begin_sync(&self) -> Result<PendingSync> {
+        let mut w = lock(&self.writer)?;
+        if let Some(why) = &w.poisoned {
+            return Err(Error::io(
+                format!(
+                    "changelog writer is unusable after an earlier failure path=`{}`: {why}; \
+                     reopen the changelog",
+                    self.dir.display()
+                ),
+                std::io::Error::other("poisoned"),
+            ));
+        }
+        let active = if w.dirty {
+            let f = w
+                .file
+                .try_clone()
+                .map_err(|e| io_err("clone handle", &w.active.path, e))?;
+            Some((Arc::clone(&w.active), f, w.pos))
+        } else {
+            None
         };
-        let synced = (|| {
-            for (path, f) in &closed {
-                // Durability: closed segments written under `Never` reach disk on flush.
-                f.sync_data()
-                    .map_err(|e| io_err("fsync changelog segment", path, e))?;
-            }
-            if let Some((seg, f, _)) = &active {
-                // Durability: the records appended before the flush reach disk.
-                f.sync_data()
-                    .map_err(|e| io_err("fsync changelog segment", &seg.path, e))?;
-            }
-            if dir_gen.is_some() {
-                // Durability: segments created under `Never` get their directory entries on disk.
-                meta::sync_dir(&self.dir)?;
-            }
-            Ok(())
-        })();
+        Ok(PendingSync {
+            dir: self.dir.clone(),
+            closed: std::mem::take(&mut w.unsynced),
+            active,
+            dir_gen: w.dir_dirty.then_some(w.dir_gen),
+        })
+    }
+
+    /// Records a flush's outcome under the writer lock: a failed fsync
+    /// poisons the writer, a successful one moves the synced position.
+    fn end_sync(&self, pending: PendingSync, synced: Result<()>) -> Result<()> {
         let mut w = lock(&self.writer)?;
         if let Err(e) = &synced {
             // After a failed fsync the kernel may have dropped the dirty pages.
             w.poisoned = Some(format!("fsync failed: {e}"));
             return synced;
         }
-        if let Some((seg, _, pos)) = active
+        if let Some((seg, _, pos)) = pending.active
             && Arc::ptr_eq(&seg, &w.active)
         {
             w.synced_pos = w.synced_pos.max(pos);
@@ -289,7 +292,7 @@ impl FileChangelog {
                 w.dirty = false;
             }
         }
-        if dir_gen.is_some_and(|g| g == w.dir_gen) {
+        if pending.dir_gen.is_some_and(|g| g == w.dir_gen) {
             w.dir_dirty = false;
         }
         w.last_sync_ms = self.clock.now_ms();
@@ -390,4 +393,36 @@ pub(super) fn create_segment(dir: &Path, base: u64, prev: Option<u64>) -> Result
         Some(SparseIndex::default()),
     );
     Ok((seg, file))
+}
+
+/// What one flush syncs, taken under the writer lock and synced without it.
+pub(super) struct PendingSync {
+    dir: PathBuf,
+    closed: Vec<(PathBuf, File)>,
+    active: Option<(Arc<Segment>, File, u64)>,
+    dir_gen: Option<u64>,
+}
+
+impl PendingSync {
+    /// The fsyncs (blocking). Returns itself for [`FileChangelog::end_sync`].
+    fn run(self) -> (Self, Result<()>) {
+        let synced = (|| {
+            for (path, f) in &self.closed {
+                // Durability: closed segments written under `Never` reach disk on flush.
+                f.sync_data()
+                    .map_err(|e| io_err("fsync changelog segment", path, e))?;
+            }
+            if let Some((seg, f, _)) = &self.active {
+                // Durability: the records appended before the flush reach disk.
+                f.sync_data()
+                    .map_err(|e| io_err("fsync changelog segment", &seg.path, e))?;
+            }
+            if self.dir_gen.is_some() {
+                // Durability: segments created under `Never` get their directory entries on disk.
+                meta::sync_dir(&self.dir)?;
+            }
+            Ok(())
+        })();
+        (self, synced)
+    }
 }

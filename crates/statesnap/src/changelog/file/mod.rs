@@ -303,4 +303,13 @@ impl Changelog for FileChangelog {
         }
         self.sync_all_concurrently()
     }
+
+    fn flush_async(&self) -> futures::future::BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if self.is_read_only() {
+                return Ok(());
+            }
+            self.sync_all_off_thread().await
+        })
+    }
 }

@@ -40,7 +40,7 @@
 //! TLS/SASL builds and how it is all tested: `docs/kafka.md`.
 
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::AdminClient;
@@ -95,7 +95,8 @@ pub struct KafkaChangelog {
     /// A producer with its own polling thread, so delivery reports are
     /// served the moment they arrive (rdkafka's `BaseProducer::poll(t)`
     /// always blocks for all of `t`).
-    producer: Mutex<ThreadedProducer<Ctx>>,
+    /// Shared with a flush running on a blocking thread.
+    producer: Arc<Mutex<ThreadedProducer<Ctx>>>,
     /// One past the highest offset the broker acknowledged to this handle:
     /// a later append acknowledged below it means the broker reused
     /// offsets (see `producer::check_acknowledged`).
@@ -214,7 +215,7 @@ impl KafkaChangelog {
             partition,
             options,
             at,
-            producer: Mutex::new(producer),
+            producer: Arc::new(Mutex::new(producer)),
             acked_to: Mutex::new(0),
             meta,
             admin,
@@ -482,5 +483,18 @@ impl Changelog for KafkaChangelog {
         producer
             .flush(self.options.delivery_timeout)
             .map_err(|e| self.at.err("flush", e))
+    }
+
+    fn flush_async(&self) -> futures::future::BoxFuture<'_, Result<()>> {
+        let (producer, at, timeout) = (
+            Arc::clone(&self.producer),
+            self.at.clone(),
+            self.options.delivery_timeout,
+        );
+        Box::pin(crate::util::blocking(move || {
+            lock(&producer)
+                .flush(timeout)
+                .map_err(|e| at.err("flush", e))
+        }))
     }
 }

@@ -80,7 +80,7 @@ pub struct PortableFormat<S> {
     last: Mutex<Option<LastWrite>>,
     /// The last memory cut whose digest was computed, with that digest:
     /// the next one follows the changes instead of rescanning.
-    digested: Mutex<Option<(crate::store::memory::MemoryMap, LogicalDigest)>>,
+    digested: Arc<Mutex<Option<(crate::store::memory::MemoryMap, LogicalDigest)>>>,
 }
 
 impl<S> fmt::Debug for PortableFormat<S> {
@@ -110,7 +110,7 @@ impl<S> PortableFormat<S> {
             policy: DeltaPolicy::default(),
             decode_budget: RESTORE_DECODE_BUDGET,
             last: Mutex::new(None),
-            digested: Mutex::new(None),
+            digested: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -156,17 +156,25 @@ impl<S: PortableSource + 'static> StoreFormat for PortableFormat<S> {
     /// by the pairs that changed since (`OrdMap::diff` skips what the two
     /// maps share), when fewer than half the keys changed; otherwise, and
     /// for other cuts, a scan.
-    fn cut_digest(&self, cut: &PortableCut) -> Result<Option<LogicalDigest>> {
-        let CutContents::Memory(map, _) = &cut.contents else {
-            return Ok(Some(cut.logical_digest()));
-        };
-        let lock = || self.digested.lock().unwrap_or_else(|p| p.into_inner());
-        let previous = lock().clone();
-        let digest = previous
-            .and_then(|(old, d)| cut::follow_digest(d, &old, map))
-            .unwrap_or_else(|| cut.logical_digest());
-        *lock() = Some((map.clone(), digest));
-        Ok(Some(digest))
+    /// A scan of the cut on a blocking thread; for a memory cut, the
+    /// changes since the last digested cut when they are few.
+    fn cut_digest(
+        &self,
+        cut: &PortableCut,
+    ) -> impl Future<Output = Result<Option<LogicalDigest>>> + Send {
+        let (cut, digested) = (cut.clone(), Arc::clone(&self.digested));
+        crate::util::blocking(move || {
+            let CutContents::Memory(map, _) = &cut.contents else {
+                return Ok(Some(cut.logical_digest()));
+            };
+            let lock = || digested.lock().unwrap_or_else(|p| p.into_inner());
+            let previous = lock().clone();
+            let digest = previous
+                .and_then(|(old, d)| cut::follow_digest(d, &old, map))
+                .unwrap_or_else(|| cut.logical_digest());
+            *lock() = Some((map.clone(), digest));
+            Ok(Some(digest))
+        })
     }
 
     fn digest_by_default(&self) -> bool {

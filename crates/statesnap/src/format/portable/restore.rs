@@ -157,20 +157,11 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             guard.disarm();
             Ok(store)
         };
-        let store = tokio::task::spawn_blocking(move || {
-            let r = load();
-            // After the store (`r`) is closed: the hold may remove `target`.
-            (r, held)
-        })
-        .await
-        .map(|(r, held)| {
-            drop(held);
-            r
-        })
-        .map_err(|e| Error::internal("portable restore task failed").with_source(e));
+        // After the store is closed: the hold may remove `target`.
+        let store = staging::blocking_held(held, load).await;
         // The loader is done (or failed): no fetch may outlive the restore.
         fetchers.shutdown().await;
-        Ok((store??, stats))
+        Ok((store?, stats))
     }
 }
 

@@ -69,7 +69,7 @@ async fn write_layer(
     offset: u64,
 ) -> Result<LayerMeta> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(UPLOAD_QUEUE);
-    let encoder = tokio::task::spawn_blocking(move || -> Result<(u64, u64)> {
+    let encoder = crate::util::blocking(move || -> Result<(u64, u64)> {
         let mut chunker = Chunker::new(params)?;
         let mut records = 0u64;
         let mut logical = 0u64;
@@ -117,14 +117,18 @@ async fn write_layer(
         }
         Ok((records, logical))
     });
-    let mut chunks = 0u64;
-    while let Some(blob) = rx.recv().await {
-        writer.put_bytes(&chunk_path(layer, chunks), blob).await?;
-        chunks += 1;
-    }
-    let (records, logical_bytes) = encoder
-        .await
-        .map_err(|e| Error::internal("portable encoder task failed").with_source(e))??;
+    let upload = async {
+        let mut chunks = 0u64;
+        while let Some(blob) = rx.recv().await {
+            writer.put_bytes(&chunk_path(layer, chunks), blob).await?;
+            chunks += 1;
+        }
+        Ok::<_, Error>(chunks)
+    };
+    // A failed upload drops `rx`: the encoder's next send fails and it stops.
+    let (chunks, encoded) = futures::join!(upload, encoder);
+    let chunks = chunks?;
+    let (records, logical_bytes) = encoded?;
     Ok(LayerMeta {
         kind,
         offset,
@@ -192,9 +196,7 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         if let (true, Some(new), Some((layers, old))) = (self.policy.enabled, new_map.clone(), base)
             && layers.len() < self.policy.max_chain_len.saturating_add(1).min(MAX_LAYERS)
         {
-            let records = tokio::task::spawn_blocking(move || diff_maps(&old, &new))
-                .await
-                .map_err(|e| Error::internal("portable diff task failed").with_source(e))?;
+            let records = crate::util::blocking(move || Ok(diff_maps(&old, &new))).await?;
             let new_bytes: u64 = records
                 .iter()
                 .map(|r| (r.key.len() + r.value.as_ref().map_or(0, Bytes::len)) as u64)
