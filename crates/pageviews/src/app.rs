@@ -248,15 +248,7 @@ pub fn run(config: AppConfig, stop: Arc<AtomicBool>) -> Result<()> {
         .enable_all()
         .build()?;
     let _enter = runtime.enter();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let on_signal = stop.clone();
-    runtime.spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        on_signal.store(true, Ordering::Relaxed);
-    });
+    stop_on_signal(&runtime, &stop)?;
     let repo = runtime.block_on(Repository::open(&config.repo, Default::default()))?;
     let manager = StateManager::builder(repo)
         .policy(
@@ -271,32 +263,7 @@ pub fn run(config: AppConfig, stop: Arc<AtomicBool>) -> Result<()> {
         Stores::new(&config),
         GroupOptions::default(),
     );
-    let mut consumer_config = ClientConfig::new();
-    if let Ok(debug) = std::env::var("PAGEVIEWS_KAFKA_DEBUG") {
-        // librdkafka's debug contexts, e.g. `cgrp` for the group protocol.
-        consumer_config.set("debug", debug);
-    }
-    let consumer: Consumer_ = consumer_config
-        .set("bootstrap.servers", &config.bootstrap)
-        .set("group.id", &config.app_id)
-        .set("client.id", &config.name)
-        .set("partition.assignment.strategy", &config.assignment)
-        .set(
-            "session.timeout.ms",
-            config.session_timeout.as_millis().to_string(),
-        )
-        .set("heartbeat.interval.ms", "1000")
-        .set("enable.auto.commit", "true")
-        .set("auto.commit.interval.ms", "500")
-        .set("enable.auto.offset.store", "false")
-        .create_with_context(context)?;
-    let producer: ThreadedProducer<Delivery> = ClientConfig::new()
-        .set("bootstrap.servers", &config.bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("message.timeout.ms", "300000")
-        .create_with_context(Delivery::default())?;
+    let (consumer, producer) = clients(&config, context)?;
     consumer.subscribe(&[&config.input])?;
     let mut report = match &config.report {
         Some(path) => Some(
@@ -319,21 +286,7 @@ pub fn run(config: AppConfig, stop: Arc<AtomicBool>) -> Result<()> {
     };
     tracing::info!(name = %config.name, "consuming `{}`", config.input);
     while !stop.load(Ordering::Relaxed) {
-        let batch_end = Instant::now() + Duration::from_millis(100);
-        let mut produced = 0usize;
-        let mut polled = 0usize;
-        while polled < config.batch {
-            let left = batch_end.saturating_duration_since(Instant::now());
-            let Some(m) = consumer.poll(left) else { break };
-            polled += 1;
-            match m {
-                Ok(m) => produced += process(&consumer, &producer, &config.output, &m)?,
-                Err(e) => tracing::warn!(error = %e, "consumer error"),
-            }
-            if left.is_zero() {
-                break;
-            }
-        }
+        let produced = poll_batch(&consumer, &producer, &config)?;
         write_moves(&consumer)?;
         if let Some(e) = consumer.context().take_error() {
             return Err(format!("{}: a store could not be opened: {e}", config.name).into());
@@ -362,6 +315,80 @@ pub fn run(config: AppConfig, stop: Arc<AtomicBool>) -> Result<()> {
     drop(consumer);
     runtime.block_on(manager.shutdown());
     Ok(())
+}
+
+/// Sets `stop` when SIGTERM or Ctrl-C arrives.
+fn stop_on_signal(runtime: &tokio::runtime::Runtime, stop: &Arc<AtomicBool>) -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let on_signal = stop.clone();
+    runtime.spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        on_signal.store(true, Ordering::Relaxed);
+    });
+    Ok(())
+}
+
+/// The group's consumer, on `context`, and the idempotent producer of the
+/// outputs.
+fn clients(
+    config: &AppConfig,
+    context: GroupContext<Stores>,
+) -> Result<(Consumer_, ThreadedProducer<Delivery>)> {
+    let mut consumer_config = ClientConfig::new();
+    if let Ok(debug) = std::env::var("PAGEVIEWS_KAFKA_DEBUG") {
+        // librdkafka's debug contexts, e.g. `cgrp` for the group protocol.
+        consumer_config.set("debug", debug);
+    }
+    let consumer: Consumer_ = consumer_config
+        .set("bootstrap.servers", &config.bootstrap)
+        .set("group.id", &config.app_id)
+        .set("client.id", &config.name)
+        .set("partition.assignment.strategy", &config.assignment)
+        .set(
+            "session.timeout.ms",
+            config.session_timeout.as_millis().to_string(),
+        )
+        .set("heartbeat.interval.ms", "1000")
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "500")
+        .set("enable.auto.offset.store", "false")
+        .create_with_context(context)?;
+    let producer: ThreadedProducer<Delivery> = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "300000")
+        .create_with_context(Delivery::default())?;
+    Ok((consumer, producer))
+}
+
+/// Polls and processes up to `config.batch` records within 100 ms;
+/// returns the number of outputs produced.
+fn poll_batch(
+    consumer: &Consumer_,
+    producer: &ThreadedProducer<Delivery>,
+    config: &AppConfig,
+) -> Result<usize> {
+    let batch_end = Instant::now() + Duration::from_millis(100);
+    let mut produced = 0usize;
+    let mut polled = 0usize;
+    while polled < config.batch {
+        let left = batch_end.saturating_duration_since(Instant::now());
+        let Some(m) = consumer.poll(left) else { break };
+        polled += 1;
+        match m {
+            Ok(m) => produced += process(consumer, producer, &config.output, &m)?,
+            Err(e) => tracing::warn!(error = %e, "consumer error"),
+        }
+        if left.is_zero() {
+            break;
+        }
+    }
+    Ok(produced)
 }
 
 /// Applies one input record; returns the number of outputs produced (0 or 1).

@@ -112,6 +112,7 @@ fn times(ours: f64, theirs: f64) -> String {
     }
 }
 
+/// The table's rows, one section of measurements after another.
 fn rows(
     replay: &[ReplayCase],
     backup: &BackupComparison,
@@ -121,6 +122,18 @@ fn rows(
     partitions: &ConcurrentRestores,
 ) -> Vec<Row> {
     let mut rows: Vec<Row> = Vec::new();
+    replay_rows(replay, &mut rows);
+    backup_snapshot_rows(backup, &mut rows);
+    backup_restore_rows(backup, &mut rows);
+    delta_row(delta, &mut rows);
+    throughput_rows(throughput, &mut rows);
+    scale_rows(scale, &mut rows);
+    partitions_row(partitions, &mut rows);
+    rows
+}
+
+/// Restore against a full replay, per history length.
+fn replay_rows(replay: &[ReplayCase], rows: &mut Vec<Row>) {
     for r in replay {
         rows.push([
             format!(
@@ -132,6 +145,10 @@ fn rows(
             times(r.restore_secs, r.replay_secs),
         ]);
     }
+}
+
+/// Snapshots against RocksDB's BackupEngine: full, incremental, unsynced, hard-linked.
+fn backup_snapshot_rows(backup: &BackupComparison, rows: &mut Vec<Row>) {
     let b = backup;
     let bytes = |x: f64| out::bytes(x as u64);
     rows.push([
@@ -202,6 +219,12 @@ fn rows(
             )
         ),
     ]);
+}
+
+/// Restores against BackupEngine's and against a plain copy.
+fn backup_restore_rows(backup: &BackupComparison, rows: &mut Vec<Row>) {
+    let b = backup;
+    let bytes = |x: f64| out::bytes(x as u64);
     rows.push([
         format!(
             "restore (verified, opened) vs BackupEngine restore, {}",
@@ -234,6 +257,10 @@ fn rows(
         ),
         times(b.restore_vs_cp_secs.ours, b.restore_vs_cp_secs.theirs),
     ]);
+}
+
+/// The in-memory delta snapshot against a full one.
+fn delta_row(delta: &DeltaCase, rows: &mut Vec<Row>) {
     rows.push([
         format!(
             "in-memory delta snapshot after {} of {} keys changed",
@@ -251,6 +278,10 @@ fn rows(
         ),
         format!("{:.2} % of full", 100.0 * delta.fraction()),
     ]);
+}
+
+/// Throughput with periodic snapshots against none, per store type.
+fn throughput_rows(throughput: &[Throughput], rows: &mut Vec<Row>) {
     for store in [StoreType::Memory, StoreType::Rocksdb] {
         let base = throughput
             .iter()
@@ -278,6 +309,10 @@ fn rows(
             ]);
         }
     }
+}
+
+/// Full snapshot and restore at each size of the scale series.
+fn scale_rows(scale: &[ScalePoint], rows: &mut Vec<Row>) {
     let rss = |b: Option<u64>| b.map_or_else(|| "n/a".to_owned(), out::bytes);
     for p in scale {
         rows.push([
@@ -298,6 +333,10 @@ fn rows(
             ),
         ]);
     }
+}
+
+/// Partitions opened at once against one at a time.
+fn partitions_row(partitions: &ConcurrentRestores, rows: &mut Vec<Row>) {
     let c = partitions;
     rows.push([
         format!(
@@ -318,7 +357,6 @@ fn rows(
         ),
         times(c.concurrent_secs, c.sequential_secs),
     ]);
-    rows
 }
 
 fn markdown(machine: &serde_json::Value, rows: &[Row], chart: &str) -> String {
@@ -421,6 +459,16 @@ fn write(path: &Path, contents: &str) -> Result<()> {
 }
 
 /// Runs every part, then prints and writes the results.
+/// Every measurement of one run.
+struct Measured {
+    replay: Vec<ReplayCase>,
+    backup: BackupComparison,
+    delta: DeltaCase,
+    throughput: Vec<Throughput>,
+    scale: Vec<ScalePoint>,
+    partitions: ConcurrentRestores,
+}
+
 pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
     let sizes = if a.quick { QUICK } else { FULL };
     let out_dir: PathBuf = a.out.clone();
@@ -455,6 +503,27 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
         );
     }
 
+    let (replay, backup, delta) = measure_snapshots(sizes, dir, out).await?;
+    let (throughput, scale, partitions) = measure_runtime(a, sizes, dir, out).await?;
+    let m = Measured {
+        replay,
+        backup,
+        delta,
+        throughput,
+        scale,
+        partitions,
+    };
+    report(a, &out_dir, &m, out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Restores against replay, snapshots and restores against BackupEngine,
+/// the in-memory delta snapshot.
+async fn measure_snapshots(
+    sizes: Sizes,
+    dir: &Path,
+    out: Out,
+) -> Result<(Vec<ReplayCase>, BackupComparison, DeltaCase)> {
     let mut replay = Vec::new();
     for &u in &sizes.histories {
         let sp = out.spinner(&format!(
@@ -476,6 +545,17 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
     ));
     let delta = bench::memory_delta(dir, sizes.delta_keys, 10).await?;
     sp.finish_and_clear();
+    Ok((replay, backup, delta))
+}
+
+/// Throughput with background snapshots, the scale series, partitions
+/// opened at once.
+async fn measure_runtime(
+    a: &BenchArgs,
+    sizes: Sizes,
+    dir: &Path,
+    out: Out,
+) -> Result<(Vec<Throughput>, Vec<ScalePoint>, ConcurrentRestores)> {
     let mut throughput = Vec::new();
     for store in [StoreType::Memory, StoreType::Rocksdb] {
         let sdir = dir.join(format!("runtime-{}", store.name()));
@@ -506,20 +586,32 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
     let partitions =
         bench::concurrent_restores(dir, sizes.partitions, sizes.partition_keys).await?;
     sp.finish_and_clear();
+    Ok((throughput, scale, partitions))
+}
 
+/// Writes `bench.json`, `bench.md` and the chart to `out_dir`, and prints
+/// the table (or the JSON).
+fn report(a: &BenchArgs, out_dir: &Path, m: &Measured, out: Out) -> Result<()> {
     let machine = machine();
-    let rows = rows(&replay, &backup, &delta, &throughput, &scale, &partitions);
+    let rows = rows(
+        &m.replay,
+        &m.backup,
+        &m.delta,
+        &m.throughput,
+        &m.scale,
+        &m.partitions,
+    );
     let chart_name = "restore-vs-history.svg";
-    chart(&out_dir.join(chart_name), &replay)?;
+    chart(&out_dir.join(chart_name), &m.replay)?;
     let result = json!({
         "machine": machine,
         "quick": a.quick,
-        "restore_vs_replay": replay,
-        "rocksdb_vs_backup_engine": backup,
-        "memory_delta": delta,
-        "throughput": throughput,
-        "scale": scale,
-        "partitions": partitions,
+        "restore_vs_replay": m.replay,
+        "rocksdb_vs_backup_engine": m.backup,
+        "memory_delta": m.delta,
+        "throughput": m.throughput,
+        "scale": m.scale,
+        "partitions": m.partitions,
     });
     let pretty = serde_json::to_string_pretty(&result)
         .map_err(|e| Error::new(ErrorKind::Internal, "cannot encode the results").with_source(e))?;
@@ -544,5 +636,5 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
             out_dir.join(chart_name).display()
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

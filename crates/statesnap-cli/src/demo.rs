@@ -21,8 +21,8 @@ use statesnap::changelog::ChangelogId;
 use statesnap::digest::LogicalDigest;
 use statesnap::format::StoreFormat;
 use statesnap::{
-    Error, ErrorKind, FileChangelog, RestoreOptions, Result, SnapshotPolicy, StateManager,
-    StateStoreExt, StoreSpec, restore_store,
+    Error, ErrorKind, FileChangelog, RestoreOptions, RestoreReport, Result, SnapshotPolicy,
+    StateManager, StateStoreExt, StoreSpec, restore_store,
 };
 
 use crate::args::{DemoArgs, StoreKind};
@@ -205,6 +205,65 @@ async fn run_with<K: DemoStore>(a: &DemoArgs, dir: &Path, out: Out) -> Result<se
         .min_interval(Duration::from_millis(200));
     let manager = StateManager::builder(repo.clone()).policy(policy).build()?;
 
+    let written = run_and_crash::<K>(&manager, a, dir, events, out).await?;
+    let snap = rebuild_from_snapshot::<K>(&manager, dir, out).await?;
+    let replay = rebuild_by_replay::<K>(&repo, dir, out).await?;
+    manager.shutdown().await;
+
+    let model_digest = LogicalDigest::of_pairs(
+        written
+            .model
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice())),
+    );
+    let equal = snap.digest == replay.digest && snap.digest == model_digest;
+    let speedup = replay.time.as_secs_f64() / snap.time.as_secs_f64().max(1e-6);
+    let result = json!({
+        "events": written.events,
+        "changelog_records": written.records,
+        "live_keys": written.model.len(),
+        "write_seconds": written.took.as_secs_f64(),
+        "background_snapshots": written.snapshots,
+        "snapshot_every_records": every_records,
+        "snapshot_restore": {
+            "source": snap.report.source.to_string(),
+            "seconds": snap.time.as_secs_f64(),
+            "bytes_downloaded": snap.report.transfer.bytes_downloaded,
+            "records_replayed": snap.report.replay.records,
+            "digest": snap.digest.to_string(),
+        },
+        "full_replay": {
+            "seconds": replay.time.as_secs_f64(),
+            "bytes_downloaded": replay.report.transfer.bytes_downloaded,
+            "records_replayed": replay.report.replay.records,
+            "digest": replay.digest.to_string(),
+        },
+        "model_digest": model_digest.to_string(),
+        "digests_equal": equal,
+        "speedup": speedup,
+    });
+    if !out.json {
+        print_text(&written, &snap, &replay, &model_digest, speedup, out);
+    }
+    Ok(result)
+}
+
+/// One rebuild of the lost store: how, how long, and what it holds.
+struct Rebuilt {
+    report: RestoreReport,
+    time: Duration,
+    digest: LogicalDigest,
+}
+
+/// Steps 1 and 2: the application runs, then the crash: no handoff
+/// snapshot, and the local store is lost.
+async fn run_and_crash<K: DemoStore>(
+    manager: &StateManager,
+    a: &DemoArgs,
+    dir: &Path,
+    events: u64,
+    out: Out,
+) -> Result<Written> {
     // 1. The application runs.
     let mut h = manager
         .open(K::spec(log(dir)?, &dir.join("store"))?)
@@ -227,8 +286,15 @@ async fn run_with<K: DemoStore>(a: &DemoArgs, dir: &Path, out: Out) -> Result<se
         std::io::ErrorKind::NotFound => Ok(()),
         _ => Err(Error::new(ErrorKind::Io, "cannot remove the demo store").with_source(e)),
     })?;
+    Ok(written)
+}
 
-    // 3a. Rebuilt the way the runtime does: newest snapshot + tail.
+/// 3a. Rebuilt the way the runtime does: newest snapshot + tail.
+async fn rebuild_from_snapshot<K: DemoStore>(
+    manager: &StateManager,
+    dir: &Path,
+    out: Out,
+) -> Result<Rebuilt> {
     let spinner = out.spinner("restoring from the newest snapshot + changelog tail");
     let h = manager
         .open(K::spec(log(dir)?, &dir.join("restored-from-snapshot"))?)
@@ -238,14 +304,25 @@ async fn run_with<K: DemoStore>(a: &DemoArgs, dir: &Path, out: Out) -> Result<se
     let snap_time = h.opened_in();
     let snap_digest = h.store().logical_digest()?;
     h.abandon().await;
+    Ok(Rebuilt {
+        report: snap_report,
+        time: snap_time,
+        digest: snap_digest,
+    })
+}
 
-    // 3b. Rebuilt by replaying the whole changelog.
+/// 3b. Rebuilt by replaying the whole changelog.
+async fn rebuild_by_replay<K: DemoStore>(
+    repo: &statesnap::Repository,
+    dir: &Path,
+    out: Out,
+) -> Result<Rebuilt> {
     let spinner = out.spinner("rebuilding by full changelog replay");
     let spec = K::spec(log(dir)?, &dir.join("restored-by-replay"))?;
     let started = Instant::now();
     let (store, replay_report) = restore_store(
         &spec.format,
-        &repo,
+        repo,
         &spec.store_key,
         &spec.changelog,
         &spec.dir,
@@ -259,81 +336,61 @@ async fn run_with<K: DemoStore>(a: &DemoArgs, dir: &Path, out: Out) -> Result<se
     spinner.finish_and_clear();
     let replay_digest = store.logical_digest()?;
     drop(store);
-    manager.shutdown().await;
+    Ok(Rebuilt {
+        report: replay_report,
+        time: replay_time,
+        digest: replay_digest,
+    })
+}
 
-    let model_digest = LogicalDigest::of_pairs(
-        written
-            .model
-            .iter()
-            .map(|(k, v)| (k.as_slice(), v.as_slice())),
+/// The text report: the workload, the two rebuilds side by side, the verdict.
+fn print_text(
+    written: &Written,
+    snap: &Rebuilt,
+    replay: &Rebuilt,
+    model_digest: &LogicalDigest,
+    speedup: f64,
+    out: Out,
+) {
+    let equal = snap.digest == replay.digest && snap.digest == *model_digest;
+    println!(
+        "ran {} events ({} changelog records, {} live keys) in {} with {} background snapshots",
+        written.events,
+        written.records,
+        written.model.len(),
+        out::secs(written.took),
+        written.snapshots
     );
-    let equal = snap_digest == replay_digest && snap_digest == model_digest;
-    let speedup = replay_time.as_secs_f64() / snap_time.as_secs_f64().max(1e-6);
-    let result = json!({
-        "events": written.events,
-        "changelog_records": written.records,
-        "live_keys": written.model.len(),
-        "write_seconds": written.took.as_secs_f64(),
-        "background_snapshots": written.snapshots,
-        "snapshot_every_records": every_records,
-        "snapshot_restore": {
-            "source": snap_report.source.to_string(),
-            "seconds": snap_time.as_secs_f64(),
-            "bytes_downloaded": snap_report.transfer.bytes_downloaded,
-            "records_replayed": snap_report.replay.records,
-            "digest": snap_digest.to_string(),
-        },
-        "full_replay": {
-            "seconds": replay_time.as_secs_f64(),
-            "bytes_downloaded": replay_report.transfer.bytes_downloaded,
-            "records_replayed": replay_report.replay.records,
-            "digest": replay_digest.to_string(),
-        },
-        "model_digest": model_digest.to_string(),
-        "digests_equal": equal,
-        "speedup": speedup,
-    });
-    if !out.json {
-        println!(
-            "ran {} events ({} changelog records, {} live keys) in {} with {} background snapshots",
-            written.events,
-            written.records,
-            written.model.len(),
-            out::secs(written.took),
-            written.snapshots
-        );
-        println!("crash: the store directory is gone; rebuilding it two ways");
-        let mut t = out.table(&[
-            "rebuilt from",
-            "time",
-            "downloaded",
-            "records replayed",
-            "logical digest",
-        ]);
-        t.add_row(vec![
-            "newest snapshot + tail".to_owned(),
-            out::secs(snap_time),
-            out::bytes(snap_report.transfer.bytes_downloaded),
-            snap_report.replay.records.to_string(),
-            short_digest(&snap_digest),
-        ]);
-        t.add_row(vec![
-            "full changelog replay".to_owned(),
-            out::secs(replay_time),
-            out::bytes(replay_report.transfer.bytes_downloaded),
-            replay_report.replay.records.to_string(),
-            short_digest(&replay_digest),
-        ]);
-        println!("{t}");
-        println!("the snapshot restore used {}", snap_report.source);
-        println!("speed-up: snapshot + tail was {speedup:.1}x faster than full replay");
-        if equal {
-            println!("digests equal: both rebuilt stores equal the workload's model, key for key");
-        } else {
-            println!("DIGESTS DIFFER (model {model_digest}): this is a bug, please report it");
-        }
+    println!("crash: the store directory is gone; rebuilding it two ways");
+    let mut t = out.table(&[
+        "rebuilt from",
+        "time",
+        "downloaded",
+        "records replayed",
+        "logical digest",
+    ]);
+    t.add_row(vec![
+        "newest snapshot + tail".to_owned(),
+        out::secs(snap.time),
+        out::bytes(snap.report.transfer.bytes_downloaded),
+        snap.report.replay.records.to_string(),
+        short_digest(&snap.digest),
+    ]);
+    t.add_row(vec![
+        "full changelog replay".to_owned(),
+        out::secs(replay.time),
+        out::bytes(replay.report.transfer.bytes_downloaded),
+        replay.report.replay.records.to_string(),
+        short_digest(&replay.digest),
+    ]);
+    println!("{t}");
+    println!("the snapshot restore used {}", snap.report.source);
+    println!("speed-up: snapshot + tail was {speedup:.1}x faster than full replay");
+    if equal {
+        println!("digests equal: both rebuilt stores equal the workload's model, key for key");
+    } else {
+        println!("DIGESTS DIFFER (model {model_digest}): this is a bug, please report it");
     }
-    Ok(result)
 }
 
 /// `live keys:` and the first 16 hex digits: enough to tell digests apart

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use serde_json::json;
+use statesnap::repo::{Listing, SnapshotId, StoreKey};
 use statesnap::restore::{PlanOptions, Source, plan_restore};
 use statesnap::{Repository, Result};
 
@@ -92,62 +93,79 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
     // With the changelog, the restore plan says which snapshots a restore
     // could use, and why not the others.
     let verdicts = match &a.changelog {
-        Some(url) => {
-            let log = changelog(url, &sk)?;
-            let kind = FormatKind::of_store(&repo, &sk).await?;
-            let (_guard, nowhere) = super::scratch()?;
-            let plan = with_format!(kind, f => plan_restore(&f, &repo, &sk, &*log, &nowhere, &PlanOptions::default()).await?);
-            let mut v = std::collections::BTreeMap::new();
-            for s in &plan.steps {
-                if let Source::Snapshot { id, .. } = s.source {
-                    v.insert(id, Ok(()));
-                }
-            }
-            for r in &plan.rejected {
-                if let Source::Snapshot { id, .. } = r.source {
-                    v.insert(id, Err(format!("{}: {}", r.kind, r.reason)));
-                }
-            }
-            Some(v)
-        }
+        Some(url) => Some(verdicts(&repo, &sk, url).await?),
         None => None,
     };
     let now = repo.clock().now_ms();
     if out.json {
-        let rows: Vec<_> = listing
-            .snapshots
-            .iter()
-            .map(|s| {
-                let m = &s.manifest;
-                let usable = verdicts.as_ref().map(|v| match v.get(&m.snapshot_id) {
-                    Some(Ok(())) => json!(true),
-                    Some(Err(why)) => json!({ "usable": false, "reason": why }),
-                    None => json!(null),
-                });
-                json!({
-                    "id": m.snapshot_id.to_string(),
-                    "offset": m.changelog.offset,
-                    "created_at_ms": m.created_at,
-                    "format": format!("{}/{}", m.store_format.name, m.store_format.version),
-                    "files": m.files.len() + m.inline_files.len(),
-                    "bytes": m.file_bytes(),
-                    "new_bytes": m.stats.bytes_uploaded,
-                    "keys": out::keys_figure(m).0,
-                    "keys_exact": out::keys_figure(m).1,
-                    "parent": m.parent.map(|p| p.to_string()),
-                    "usable": usable,
-                })
-            })
-            .collect();
-        out.json(&json!({
-            "store": sk.to_string(),
-            "snapshots": rows,
-            "unreadable": listing.unreadable.iter().map(|u| json!({
-                "key": u.key, "kind": u.kind.as_str(), "reason": u.reason,
-            })).collect::<Vec<_>>(),
-        }));
+        list_json(&sk, &listing, verdicts.as_ref(), out);
         return Ok(ExitCode::SUCCESS);
     }
+    list_text(&listing, verdicts.as_ref(), now, out);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a restore could use each snapshot, by id: `Err(why)` if not.
+type Verdicts = std::collections::BTreeMap<SnapshotId, std::result::Result<(), String>>;
+
+/// The verdicts of the restore plan of `sk` with the changelog at `url`.
+async fn verdicts(repo: &Repository, sk: &StoreKey, url: &str) -> Result<Verdicts> {
+    let log = changelog(url, sk)?;
+    let kind = FormatKind::of_store(repo, sk).await?;
+    let (_guard, nowhere) = super::scratch()?;
+    let plan = with_format!(kind, f => plan_restore(&f, repo, sk, &*log, &nowhere, &PlanOptions::default()).await?);
+    let mut v = std::collections::BTreeMap::new();
+    for s in &plan.steps {
+        if let Source::Snapshot { id, .. } = s.source {
+            v.insert(id, Ok(()));
+        }
+    }
+    for r in &plan.rejected {
+        if let Source::Snapshot { id, .. } = r.source {
+            v.insert(id, Err(format!("{}: {}", r.kind, r.reason)));
+        }
+    }
+    Ok(v)
+}
+
+/// `list --json`.
+fn list_json(sk: &StoreKey, listing: &Listing, verdicts: Option<&Verdicts>, out: Out) {
+    let rows: Vec<_> = listing
+        .snapshots
+        .iter()
+        .map(|s| {
+            let m = &s.manifest;
+            let usable = verdicts.map(|v| match v.get(&m.snapshot_id) {
+                Some(Ok(())) => json!(true),
+                Some(Err(why)) => json!({ "usable": false, "reason": why }),
+                None => json!(null),
+            });
+            json!({
+                "id": m.snapshot_id.to_string(),
+                "offset": m.changelog.offset,
+                "created_at_ms": m.created_at,
+                "format": format!("{}/{}", m.store_format.name, m.store_format.version),
+                "files": m.files.len() + m.inline_files.len(),
+                "bytes": m.file_bytes(),
+                "new_bytes": m.stats.bytes_uploaded,
+                "keys": out::keys_figure(m).0,
+                "keys_exact": out::keys_figure(m).1,
+                "parent": m.parent.map(|p| p.to_string()),
+                "usable": usable,
+            })
+        })
+        .collect();
+    out.json(&json!({
+        "store": sk.to_string(),
+        "snapshots": rows,
+        "unreadable": listing.unreadable.iter().map(|u| json!({
+            "key": u.key, "kind": u.kind.as_str(), "reason": u.reason,
+        })).collect::<Vec<_>>(),
+    }));
+}
+
+/// `list` as a table, then the unreadable manifests and notes.
+fn list_text(listing: &Listing, verdicts: Option<&Verdicts>, now: i64, out: Out) {
     let mut t = out.table(&[
         "id",
         "offset",
@@ -162,7 +180,7 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
     ]);
     for s in &listing.snapshots {
         let m = &s.manifest;
-        let usable = match verdicts.as_ref().map(|v| v.get(&m.snapshot_id)) {
+        let usable = match verdicts.map(|v| v.get(&m.snapshot_id)) {
             None => "?".to_owned(),
             Some(Some(Ok(()))) => "yes".to_owned(),
             Some(Some(Err(why))) => format!("no: {why}"),
@@ -195,7 +213,6 @@ pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
     if verdicts.is_none() {
         println!("(usable? needs the changelog: add --changelog URL)");
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {

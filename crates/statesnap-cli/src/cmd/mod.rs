@@ -120,35 +120,73 @@ pub fn changelog(url: &str, sk: &StoreKey) -> Result<Box<dyn Changelog>> {
     url.open_for_reading(id)
 }
 
-/// The snapshot formats this build reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FormatKind {
+/// Declares the snapshot formats this build reads, one entry each: its
+/// `FormatKind` variant, the name its manifests record (the format's own
+/// `FORMAT_NAME`), and the format value the library's generic operations
+/// get. `FormatKind`, the `FORMATS` table and `with_format!` all come from
+/// the entries, so a new format is one entry in the `formats!` below.
+macro_rules! formats {
+    ($d:tt $(
+        $(#[doc = $doc:literal])*
+        $(#[cfg($cfg:meta)])?
+        $kind:ident = $name:path => $make:expr;
+    )*) => {
+        /// The snapshot formats this build reads.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum FormatKind {
+            $($(#[doc = $doc])* $(#[cfg($cfg)])? $kind,)*
+        }
+
+        /// Every format this build reads, by the name its manifests record.
+        const FORMATS: &[(&str, FormatKind)] = &[
+            $($(#[cfg($cfg)])? ($name, FormatKind::$kind),)*
+        ];
+
+        /// Runs `$body` with `$f` bound to a format value of kind `$kind`: the
+        /// library's operations are generic over the format type.
+        macro_rules! with_format {
+            ($d kind:expr, $d f:ident => $d body:expr) => {
+                match $d kind {
+                    $($(#[cfg($cfg)])? $crate::cmd::FormatKind::$kind => {
+                        let $d f = $make;
+                        $d body
+                    })*
+                }
+            };
+        }
+        pub(crate) use with_format;
+    };
+}
+
+formats! {$
     /// `portable`: restored into RocksDB (or memory without it).
-    Portable,
+    Portable = statesnap::format::portable::FORMAT_NAME => crate::cmd::portable();
     /// `rocksdb`.
     #[cfg(feature = "rocksdb")]
-    Rocksdb,
+    Rocksdb = statesnap::format::rocks::FORMAT_NAME => statesnap::RocksFormat::new(Default::default());
 }
 
 impl FormatKind {
     /// The format named `name` (as manifests record it).
     pub fn named(name: &str) -> Result<Self> {
-        match name {
-            "portable" => Ok(FormatKind::Portable),
-            #[cfg(feature = "rocksdb")]
-            "rocksdb" => Ok(FormatKind::Rocksdb),
-            other => Err(Error::new(
-                ErrorKind::Config,
-                format!(
-                    "this build cannot read store format format=`{}`; it reads portable{}",
-                    other.escape_debug(),
-                    if cfg!(feature = "rocksdb") {
-                        " and rocksdb"
-                    } else {
-                        " (rebuild with the rocksdb feature for rocksdb)"
-                    }
-                ),
-            )),
+        match FORMATS.iter().find(|(n, _)| *n == name) {
+            Some(&(_, kind)) => Ok(kind),
+            None => {
+                let names: Vec<&str> = FORMATS.iter().map(|&(n, _)| n).collect();
+                Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "this build cannot read store format format=`{}`; it reads {}{}",
+                        name.escape_debug(),
+                        names.join(" and "),
+                        if cfg!(feature = "rocksdb") {
+                            ""
+                        } else {
+                            " (rebuild with the rocksdb feature for rocksdb)"
+                        }
+                    ),
+                ))
+            }
         }
     }
 
@@ -172,25 +210,6 @@ impl FormatKind {
         }
     }
 }
-
-/// Runs `$body` with `$f` bound to a format value of kind `$kind`: the
-/// library's operations are generic over the format type.
-macro_rules! with_format {
-    ($kind:expr, $f:ident => $body:expr) => {
-        match $kind {
-            $crate::cmd::FormatKind::Portable => {
-                let $f = $crate::cmd::portable();
-                $body
-            }
-            #[cfg(feature = "rocksdb")]
-            $crate::cmd::FormatKind::Rocksdb => {
-                let $f = statesnap::RocksFormat::new(Default::default());
-                $body
-            }
-        }
-    };
-}
-pub(crate) use with_format;
 
 /// The portable format, restoring into a RocksDB store at the target path
 /// (a directory a user can open) — or into memory in a build without

@@ -200,7 +200,107 @@ pub async fn rocks_vs_backup_engine(
                 link_immutable_files: true,
                 ..crate::repo::TransferOptions::default()
             });
+    let be_dir = dir.join("backup");
+    let (full, be) = full_round(
+        &format,
+        &linked_format,
+        &store,
+        &log,
+        &repo,
+        &linked,
+        &be_dir,
+    )
+    .await?;
+    let mut sides = Sides {
+        log,
+        format,
+        repo,
+        linked_format,
+        linked,
+        be,
+        be_dir,
+    };
+    let inc = sides.incremental_rounds(&mut store, keys, &full).await?;
+    let restored_bytes = inc.last.file_bytes();
+    drop(store);
+    let cp_src = files_for_cp(dir, &repo_dir, &inc.last)?;
+    let restores = sides.restore_runs(dir, &inc.last, &cp_src, runs).await?;
+    for p in ["cp-src", "backup", "db", "log-main", "repo-linked"] {
+        remove(&dir.join(p))?;
+    }
+    Ok(comparison(
+        keys,
+        store_bytes,
+        &full,
+        &inc,
+        restored_bytes,
+        &restores,
+    ))
+}
 
+/// What the full snapshots and the full backup measured.
+struct FullRound {
+    /// The full snapshot and its time.
+    ours: Manifest,
+    ours_secs: Duration,
+    /// The full backup's time and size.
+    be_secs: Duration,
+    be_bytes: u64,
+    /// The full snapshot into the hard-linking repository and its time.
+    linked: Manifest,
+    linked_secs: Duration,
+}
+
+/// What the incremental rounds measured.
+struct Incremental {
+    /// The newest incremental snapshot (the one the restores restore).
+    last: Manifest,
+    /// The first incremental snapshot (its upload is the figure).
+    first: Manifest,
+    /// What the first incremental backup added.
+    be_bytes: u64,
+    /// Each side's median (ours, the backup's, linked), the log synced.
+    synced: [Duration; 3],
+    /// The same, the log unsynced.
+    unsynced: [Duration; 3],
+}
+
+/// The medians of the restore runs.
+struct RestoreTimes {
+    ours: Duration,
+    theirs: Duration,
+    cp: Duration,
+    cp_nosync: Duration,
+    durable: Duration,
+    transfer: Duration,
+    open: Duration,
+    hash: Duration,
+}
+
+/// Everything the rounds write to, bar the store itself: its changelog,
+/// statesnap's two repositories (copying, hard-linking) with their formats,
+/// and the `BackupEngine`.
+struct Sides {
+    log: FileChangelog,
+    format: RocksFormat,
+    repo: Repository,
+    linked_format: RocksFormat,
+    linked: Repository,
+    be: BackupEngine,
+    be_dir: std::path::PathBuf,
+}
+
+/// The full snapshot, the full backup (the `BackupEngine` opened in
+/// `be_dir` for it), and the full snapshot into the linking repository.
+async fn full_round(
+    format: &RocksFormat,
+    linked_format: &RocksFormat,
+    store: &RocksStore,
+    log: &FileChangelog,
+    repo: &Repository,
+    linked: &Repository,
+    be_dir: &Path,
+) -> Result<(FullRound, BackupEngine)> {
     // Full. Both sides flush the memtable first; whichever went first
     // would flush it for the other, so it is flushed here, untimed. The
     // changelog is synced here too: this bench's log never syncs by itself
@@ -210,85 +310,202 @@ pub async fn rocks_vs_backup_engine(
     // append as it was written.
     store.db().flush().map_err(rocks("flush"))?;
     log.flush()?;
-    let (full, ours_full) = snap(&format, &store, &repo, "main", &log, None).await?;
-    let be_dir = dir.join("backup");
+    let (full, ours_full) = snap(format, store, repo, "main", log, None).await?;
     let mut be = BackupEngine::open(
-        &BackupEngineOptions::new(&be_dir).map_err(rocks("backup options"))?,
+        &BackupEngineOptions::new(be_dir).map_err(rocks("backup options"))?,
         &rocksdb::Env::new().map_err(rocks("rocksdb env"))?,
     )
     .map_err(rocks("open BackupEngine"))?;
     let (r, be_full) = timed(|| be.create_new_backup_flush(store.db(), true));
     r.map_err(rocks("full backup"))?;
-    let be_full_bytes = disk_usage(&be_dir);
-    let (full_linked, linked_full) =
-        snap(&linked_format, &store, &linked, "main", &log, None).await?;
+    let be_full_bytes = disk_usage(be_dir);
+    let (full_linked, linked_full) = snap(linked_format, store, linked, "main", log, None).await?;
 
-    // 1 % of keys rewritten per round (other keys each round). Each side's
-    // snapshot flushes the memtable holding the rewrite, and the ones that
-    // go after find it flushed: each side goes first in a third of the
-    // rounds.
-    let rewrite = |round: u64| {
-        (0..keys / 100).map(move |j| {
-            let i = (j + round * keys / 100).wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys.max(1);
-            Record::put(key(i), value(i ^ 0xdead_beef ^ round))
+    Ok((
+        FullRound {
+            ours: full,
+            ours_secs: ours_full,
+            be_secs: be_full,
+            be_bytes: be_full_bytes,
+            linked: full_linked,
+            linked_secs: linked_full,
+        },
+        be,
+    ))
+}
+
+impl Sides {
+    /// Twice [`INCREMENTAL_ROUNDS`] rounds of rewritten keys, each an
+    /// incremental snapshot, a backup and a linked snapshot.
+    async fn incremental_rounds(
+        &mut self,
+        store: &mut RocksStore,
+        keys: u64,
+        full: &FullRound,
+    ) -> Result<Incremental> {
+        // 1 % of keys rewritten per round (other keys each round). Each side's
+        // snapshot flushes the memtable holding the rewrite, and the ones that
+        // go after find it flushed: each side goes first in a third of the
+        // rounds.
+        let rewrite = |round: u64| rewritten_keys(keys, round);
+        // Two phases of [`INCREMENTAL_ROUNDS`] rounds. In the first the
+        // changelog's new tail is synced before the snapshots, untimed: what
+        // the default policy (`FsyncPolicy::EveryBatch`) does as it appends,
+        // and an `Interval` policy or Kafka mostly does. In the second it is
+        // left unsynced, as `FsyncPolicy::Never` leaves it: each snapshot then
+        // fsyncs the ~1.3 MB of log written since the last before its manifest
+        // may name the offset (invariant 11), which `BackupEngine`,
+        // backing up the database alone, has no counterpart of.
+        let mut times: [[Vec<Duration>; 3]; 2] = Default::default();
+        let (mut inc, mut inc_linked) = (full.ours.clone(), full.linked.clone());
+        let (mut first, mut be_inc_bytes) = (None, None);
+        for round in 0..2 * INCREMENTAL_ROUNDS {
+            let phase = usize::from(round >= INCREMENTAL_ROUNDS);
+            load(&self.log, store, rewrite(round))?;
+            if phase == 0 {
+                self.log.flush()?;
+            }
+            for side in (0..3).map(|k| (round + k) % 3) {
+                let d = match side {
+                    0 => {
+                        let (m, d) = snap(
+                            &self.format,
+                            store,
+                            &self.repo,
+                            "main",
+                            &self.log,
+                            Some(&inc),
+                        )
+                        .await?;
+                        first.get_or_insert_with(|| m.clone());
+                        inc = m;
+                        d
+                    }
+                    1 => {
+                        let (r, d) = timed(|| self.be.create_new_backup_flush(store.db(), true));
+                        r.map_err(rocks("incremental backup"))?;
+                        be_inc_bytes.get_or_insert_with(|| {
+                            disk_usage(&self.be_dir).saturating_sub(full.be_bytes)
+                        });
+                        d
+                    }
+                    _ => {
+                        let (m, d) = snap(
+                            &self.linked_format,
+                            store,
+                            &self.linked,
+                            "main",
+                            &self.log,
+                            Some(&inc_linked),
+                        )
+                        .await?;
+                        inc_linked = m;
+                        d
+                    }
+                };
+                times[phase][side as usize].push(d);
+            }
+        }
+        let first = first.ok_or_else(|| Error::internal("bench: no incremental round ran"))?;
+        let be_inc_bytes = be_inc_bytes.unwrap_or_default();
+        let [synced, unsynced] = times.map(|sides| sides.map(median));
+        Ok(Incremental {
+            last: inc,
+            first,
+            be_bytes: be_inc_bytes,
+            synced,
+            unsynced,
         })
-    };
-    // Two phases of [`INCREMENTAL_ROUNDS`] rounds. In the first the
-    // changelog's new tail is synced before the snapshots, untimed: what
-    // the default policy (`FsyncPolicy::EveryBatch`) does as it appends,
-    // and an `Interval` policy or Kafka mostly does. In the second it is
-    // left unsynced, as `FsyncPolicy::Never` leaves it: each snapshot then
-    // fsyncs the ~1.3 MB of log written since the last before its manifest
-    // may name the offset (invariant 11), which `BackupEngine`,
-    // backing up the database alone, has no counterpart of.
-    let mut times: [[Vec<Duration>; 3]; 2] = Default::default();
-    let (mut inc, mut inc_linked) = (full.clone(), full_linked);
-    let (mut first, mut be_inc_bytes) = (None, None);
-    for round in 0..2 * INCREMENTAL_ROUNDS {
-        let phase = usize::from(round >= INCREMENTAL_ROUNDS);
-        load(&log, &mut store, rewrite(round))?;
-        if phase == 0 {
-            log.flush()?;
-        }
-        for side in (0..3).map(|k| (round + k) % 3) {
-            let d = match side {
-                0 => {
-                    let (m, d) = snap(&format, &store, &repo, "main", &log, Some(&inc)).await?;
-                    first.get_or_insert_with(|| m.clone());
-                    inc = m;
-                    d
-                }
-                1 => {
-                    let (r, d) = timed(|| be.create_new_backup_flush(store.db(), true));
-                    r.map_err(rocks("incremental backup"))?;
-                    be_inc_bytes
-                        .get_or_insert_with(|| disk_usage(&be_dir).saturating_sub(be_full_bytes));
-                    d
-                }
-                _ => {
-                    let (m, d) = snap(
-                        &linked_format,
-                        &store,
-                        &linked,
-                        "main",
-                        &log,
-                        Some(&inc_linked),
-                    )
-                    .await?;
-                    inc_linked = m;
-                    d
-                }
-            };
-            times[phase][side as usize].push(d);
-        }
     }
-    let first = first.ok_or_else(|| Error::internal("bench: no incremental round ran"))?;
-    let be_inc_bytes = be_inc_bytes.unwrap_or_default();
-    let [synced, unsynced] = times.map(|sides| sides.map(median));
-    let restored_bytes = inc.file_bytes();
-    drop(store);
 
-    // The snapshot's files under their names, for `cp -r`.
+    /// `runs` restores of each kind: ours of `inc`, the backup's, `cp -r`
+    /// of `cp_src` (the same files).
+    async fn restore_runs(
+        &mut self,
+        dir: &Path,
+        inc: &Manifest,
+        cp_src: &Path,
+        runs: usize,
+    ) -> Result<RestoreTimes> {
+        let (mut ours, mut theirs, mut cp, mut cp_nosync) = (vec![], vec![], vec![], vec![]);
+        let (mut transfer, mut open, mut hash, mut durable) = (vec![], vec![], vec![], vec![]);
+        let hash_input = read_files(cp_src)?;
+        for _ in 0..runs.max(1) {
+            let target = dir.join("restore-ours");
+            remove(&target)?;
+            let ctx = RestoreContext {
+                repo: &self.repo,
+                target: &target,
+            };
+            let started = std::time::Instant::now();
+            let (restored, stats) = self.format.restore(inc, ctx).await?;
+            let d = started.elapsed();
+            // Untimed for the restore, but waited for: the next step must not
+            // run while the disk still writes this one back (and removing the
+            // files first would spare the disk that work altogether).
+            restored.wait_durable()?;
+            durable.push(started.elapsed());
+            drop(restored);
+            ours.push(d);
+            transfer.push(stats.transfer);
+            open.push(stats.open);
+            let ((), d) = timed(|| {
+                for b in &hash_input {
+                    std::hint::black_box(blake3::hash(b));
+                }
+            });
+            hash.push(d);
+            remove(&target)?;
+
+            let r_be = dir.join("restore-be");
+            let (r, d) = timed(|| {
+                self.be
+                    .restore_from_latest_backup(&r_be, &r_be, &BeRestoreOptions::default())
+            });
+            r.map_err(rocks("BackupEngine restore"))?;
+            theirs.push(d);
+            remove(&r_be)?;
+
+            let cp_dst = dir.join("cp-dst");
+            let (status, copy) = timed(|| {
+                std::process::Command::new("cp")
+                    .arg("-r")
+                    .arg(cp_src)
+                    .arg(&cp_dst)
+                    .status()
+            });
+            if !status.map_err(io("run cp -r"))?.success() {
+                return Err(Error::new(crate::ErrorKind::Io, "bench: cp -r failed"));
+            }
+            let (r, sync) = timed(|| fsync_tree(&cp_dst));
+            r?;
+            cp.push(copy + sync);
+            cp_nosync.push(copy);
+            remove(&cp_dst)?;
+        }
+        Ok(RestoreTimes {
+            ours: median(ours),
+            theirs: median(theirs),
+            cp: median(cp),
+            cp_nosync: median(cp_nosync),
+            durable: median(durable),
+            transfer: median(transfer),
+            open: median(open),
+            hash: median(hash),
+        })
+    }
+}
+
+/// Round `round`'s rewrite: 1 % of the `keys` keys, other keys each round.
+fn rewritten_keys(keys: u64, round: u64) -> impl Iterator<Item = Record> {
+    (0..keys / 100).map(move |j| {
+        let i = (j + round * keys / 100).wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys.max(1);
+        Record::put(key(i), value(i ^ 0xdead_beef ^ round))
+    })
+}
+
+/// The snapshot's files under their names, for `cp -r`: `cp-src` in `dir`.
+fn files_for_cp(dir: &Path, repo_dir: &Path, inc: &Manifest) -> Result<std::path::PathBuf> {
     let cp_src = dir.join("cp-src");
     std::fs::create_dir_all(&cp_src).map_err(io("create cp source"))?;
     for f in &inc.files {
@@ -299,93 +516,49 @@ pub async fn rocks_vs_backup_engine(
     for f in &inc.inline_files {
         std::fs::write(cp_src.join(&f.path), f.bytes()?).map_err(io("write file for cp -r"))?;
     }
-    let (mut ours, mut theirs, mut cp, mut cp_nosync) = (vec![], vec![], vec![], vec![]);
-    let (mut transfer, mut open, mut hash, mut durable) = (vec![], vec![], vec![], vec![]);
-    let hash_input = read_files(&cp_src)?;
-    for _ in 0..runs.max(1) {
-        let target = dir.join("restore-ours");
-        remove(&target)?;
-        let ctx = RestoreContext {
-            repo: &repo,
-            target: &target,
-        };
-        let started = std::time::Instant::now();
-        let (restored, stats) = format.restore(&inc, ctx).await?;
-        let d = started.elapsed();
-        // Untimed for the restore, but waited for: the next step must not
-        // run while the disk still writes this one back (and removing the
-        // files first would spare the disk that work altogether).
-        restored.wait_durable()?;
-        durable.push(started.elapsed());
-        drop(restored);
-        ours.push(d);
-        transfer.push(stats.transfer);
-        open.push(stats.open);
-        let ((), d) = timed(|| {
-            for b in &hash_input {
-                std::hint::black_box(blake3::hash(b));
-            }
-        });
-        hash.push(d);
-        remove(&target)?;
+    Ok(cp_src)
+}
 
-        let r_be = dir.join("restore-be");
-        let (r, d) =
-            timed(|| be.restore_from_latest_backup(&r_be, &r_be, &BeRestoreOptions::default()));
-        r.map_err(rocks("BackupEngine restore"))?;
-        theirs.push(d);
-        remove(&r_be)?;
-
-        let cp_dst = dir.join("cp-dst");
-        let (status, copy) = timed(|| {
-            std::process::Command::new("cp")
-                .arg("-r")
-                .arg(&cp_src)
-                .arg(&cp_dst)
-                .status()
-        });
-        if !status.map_err(io("run cp -r"))?.success() {
-            return Err(Error::new(crate::ErrorKind::Io, "bench: cp -r failed"));
-        }
-        let (r, sync) = timed(|| fsync_tree(&cp_dst));
-        r?;
-        cp.push(copy + sync);
-        cp_nosync.push(copy);
-        remove(&cp_dst)?;
-    }
-    for p in ["cp-src", "backup", "db", "log-main", "repo-linked"] {
-        remove(&dir.join(p))?;
-    }
+/// The figures, from what the rounds measured.
+fn comparison(
+    keys: u64,
+    store_bytes: u64,
+    full: &FullRound,
+    inc: &Incremental,
+    restored_bytes: u64,
+    r: &RestoreTimes,
+) -> BackupComparison {
+    let (synced, unsynced) = (inc.synced, inc.unsynced);
     let secs = |d: Duration| d.as_secs_f64();
-    let restore = median(ours);
-    Ok(BackupComparison {
+    let restore = r.ours;
+    BackupComparison {
         keys,
         store_bytes,
-        full_secs: Pair::secs(ours_full, be_full),
+        full_secs: Pair::secs(full.ours_secs, full.be_secs),
         full_bytes: Pair {
-            ours: full.stats.bytes_uploaded as f64,
-            theirs: be_full_bytes as f64,
+            ours: full.ours.stats.bytes_uploaded as f64,
+            theirs: full.be_bytes as f64,
         },
         incremental_secs: Pair::secs(synced[0], synced[1]),
         incremental_unsynced_secs: Pair::secs(unsynced[0], unsynced[1]),
         incremental_bytes: Pair {
-            ours: first.stats.bytes_uploaded as f64,
-            theirs: be_inc_bytes as f64,
+            ours: inc.first.stats.bytes_uploaded as f64,
+            theirs: inc.be_bytes as f64,
         },
-        full_linked_secs: Pair::secs(linked_full, be_full),
+        full_linked_secs: Pair::secs(full.linked_secs, full.be_secs),
         incremental_linked_secs: Pair::secs(synced[2], synced[1]),
         incremental_linked_unsynced_secs: Pair::secs(unsynced[2], unsynced[1]),
-        restore_secs: Pair::secs(restore, median(theirs)),
-        restore_vs_cp_secs: Pair::secs(restore, median(cp)),
-        cp_nosync_secs: secs(median(cp_nosync)),
-        restore_durable_secs: secs(median(durable)),
+        restore_secs: Pair::secs(restore, r.theirs),
+        restore_vs_cp_secs: Pair::secs(restore, r.cp),
+        cp_nosync_secs: secs(r.cp_nosync),
+        restore_durable_secs: secs(r.durable),
         restored_bytes,
         restore_breakdown: RestoreBreakdown {
-            transfer_secs: secs(median(transfer)),
-            open_secs: secs(median(open)),
-            hash_secs: secs(median(hash)),
+            transfer_secs: secs(r.transfer),
+            open_secs: secs(r.open),
+            hash_secs: secs(r.hash),
         },
-    })
+    }
 }
 
 /// The contents of every file in `dir`.

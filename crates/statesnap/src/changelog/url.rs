@@ -1,27 +1,57 @@
 //! Naming a changelog by URL, for tools that read one (the CLI's `plan`
 //! and `restore`): `file://DIR` for the embedded file log, and
 //! `kafka://HOST:PORT/TOPIC/PARTITION` for a Kafka topic partition.
+//!
+//! Each backend a URL can name is one row of `SCHEMES`: its prefix, the
+//! shape its URLs take, and how to read the rest of the URL into a
+//! `Location` that opens the changelog. A new backend adds a row (and
+//! its `Location`); parsing, the error for a bad URL and opening follow
+//! from the table.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::{Changelog, ChangelogId};
 use crate::error::{Error, Result};
 
-/// Where a changelog URL points.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChangelogUrl {
-    /// The file log in this directory; its id is the one the caller
-    /// expects (the file log checks it against what it recorded).
-    File(PathBuf),
-    /// A Kafka topic partition.
-    Kafka {
-        /// `host:port[,host:port...]`.
-        bootstrap_servers: String,
-        /// The topic.
-        topic: String,
-        /// The partition.
-        partition: u32,
+/// One backend a changelog URL can name: a row of `SCHEMES`.
+struct ChangelogScheme {
+    /// What its URLs start with: `file://`.
+    prefix: &'static str,
+    /// Its URLs' shape, as the error for a bad URL lists it: `file://DIR`.
+    shape: &'static str,
+    /// Reads what follows the prefix, or says what is wrong with it.
+    parse: fn(&str) -> std::result::Result<Arc<dyn Location>, &'static str>,
+}
+
+/// Every backend a changelog URL can name, in the order the error for a
+/// bad URL lists them.
+const SCHEMES: &[ChangelogScheme] = &[
+    ChangelogScheme {
+        prefix: "file://",
+        shape: "file://DIR",
+        parse: FileLocation::parse,
     },
+    ChangelogScheme {
+        prefix: "kafka://",
+        shape: "kafka://HOST:PORT/TOPIC/PARTITION",
+        parse: KafkaLocation::parse,
+    },
+];
+
+/// What a changelog URL names, read by its scheme's `parse`: it opens the
+/// changelog.
+trait Location: fmt::Debug + Send + Sync {
+    /// Opens the changelog, to write to it (created if missing) or only to
+    /// read it. `id` is the changelog the caller expects.
+    fn open(&self, id: ChangelogId, write: bool) -> Result<Box<dyn Changelog>>;
+}
+
+/// Where a changelog URL points.
+#[derive(Debug, Clone)]
+pub struct ChangelogUrl {
+    location: Arc<dyn Location>,
 }
 
 impl std::str::FromStr for ChangelogUrl {
@@ -29,35 +59,18 @@ impl std::str::FromStr for ChangelogUrl {
 
     fn from_str(url: &str) -> Result<Self> {
         let bad = |why: &str| {
+            let shapes: Vec<&str> = SCHEMES.iter().map(|s| s.shape).collect();
             Error::config(format!(
-                "bad changelog url url=`{}`: {why}; use file://DIR or \
-                 kafka://HOST:PORT/TOPIC/PARTITION",
-                url.escape_debug()
+                "bad changelog url url=`{}`: {why}; use {}",
+                url.escape_debug(),
+                shapes.join(" or ")
             ))
         };
-        if let Some(path) = url.strip_prefix("file://") {
-            if path.is_empty() {
-                return Err(bad("no directory"));
+        for scheme in SCHEMES {
+            if let Some(rest) = url.strip_prefix(scheme.prefix) {
+                let location = (scheme.parse)(rest).map_err(bad)?;
+                return Ok(ChangelogUrl { location });
             }
-            return Ok(ChangelogUrl::File(PathBuf::from(path)));
-        }
-        if let Some(rest) = url.strip_prefix("kafka://") {
-            let mut parts = rest.splitn(3, '/');
-            let (servers, topic, partition) = (parts.next(), parts.next(), parts.next());
-            let (Some(servers), Some(topic), Some(partition)) = (servers, topic, partition) else {
-                return Err(bad("expected HOST:PORT/TOPIC/PARTITION after kafka://"));
-            };
-            if servers.is_empty() || topic.is_empty() {
-                return Err(bad("empty broker address or topic"));
-            }
-            let partition = partition
-                .parse()
-                .map_err(|_| bad("the partition is not a number"))?;
-            return Ok(ChangelogUrl::Kafka {
-                bootstrap_servers: servers.to_owned(),
-                topic: topic.to_owned(),
-                partition,
-            });
         }
         Err(bad("unknown scheme"))
     }
@@ -68,7 +81,7 @@ impl ChangelogUrl {
     /// file log is created if missing (and locked), a Kafka topic is
     /// created if missing. `id` is the changelog a file log must be.
     pub fn open(&self, id: ChangelogId) -> Result<Box<dyn Changelog>> {
-        self.open_with(id, true)
+        self.location.open(id, true)
     }
 
     /// Opens the changelog for reading: the file log read-only (no lock,
@@ -76,35 +89,88 @@ impl ChangelogUrl {
     /// topic must exist). `id` is the changelog a file log must be; a Kafka
     /// URL names its own topic and partition.
     pub fn open_for_reading(&self, id: ChangelogId) -> Result<Box<dyn Changelog>> {
-        self.open_with(id, false)
+        self.location.open(id, false)
     }
+}
 
-    fn open_with(&self, id: ChangelogId, write: bool) -> Result<Box<dyn Changelog>> {
-        match self {
-            ChangelogUrl::File(dir) if write => Ok(Box::new(super::file::FileChangelog::open(
+/// `file://DIR`: the file log in this directory; its id is the one the
+/// caller expects (the file log checks it against what it recorded).
+#[derive(Debug, PartialEq, Eq)]
+struct FileLocation(PathBuf);
+
+impl FileLocation {
+    fn parse(path: &str) -> std::result::Result<Arc<dyn Location>, &'static str> {
+        if path.is_empty() {
+            return Err("no directory");
+        }
+        Ok(Arc::new(FileLocation(PathBuf::from(path))))
+    }
+}
+
+impl Location for FileLocation {
+    fn open(&self, id: ChangelogId, write: bool) -> Result<Box<dyn Changelog>> {
+        let dir = &self.0;
+        if write {
+            Ok(Box::new(super::file::FileChangelog::open(
                 dir,
                 id,
                 Default::default(),
-            )?)),
-            ChangelogUrl::File(dir) => Ok(Box::new(super::file::FileChangelog::open_read_only(
+            )?))
+        } else {
+            Ok(Box::new(super::file::FileChangelog::open_read_only(
                 dir, id,
-            )?)),
-            #[cfg(feature = "kafka")]
-            ChangelogUrl::Kafka {
-                bootstrap_servers,
-                topic,
-                partition,
-            } => {
-                let id = ChangelogId::new(topic.clone(), *partition)?;
-                let mut options = super::kafka::KafkaOptions::new(bootstrap_servers.clone());
-                options.create_topic = write;
-                Ok(Box::new(super::kafka::KafkaChangelog::open(id, options)?))
-            }
-            #[cfg(not(feature = "kafka"))]
-            ChangelogUrl::Kafka { .. } => Err(Error::config(
-                "this build has no Kafka support; rebuild with the `kafka` feature",
-            )),
+            )?))
         }
+    }
+}
+
+/// `kafka://HOST:PORT/TOPIC/PARTITION`: a Kafka topic partition.
+#[derive(Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+struct KafkaLocation {
+    /// `host:port[,host:port...]`.
+    bootstrap_servers: String,
+    /// The topic.
+    topic: String,
+    /// The partition.
+    partition: u32,
+}
+
+impl KafkaLocation {
+    fn parse(rest: &str) -> std::result::Result<Arc<dyn Location>, &'static str> {
+        let mut parts = rest.splitn(3, '/');
+        let (servers, topic, partition) = (parts.next(), parts.next(), parts.next());
+        let (Some(servers), Some(topic), Some(partition)) = (servers, topic, partition) else {
+            return Err("expected HOST:PORT/TOPIC/PARTITION after kafka://");
+        };
+        if servers.is_empty() || topic.is_empty() {
+            return Err("empty broker address or topic");
+        }
+        let partition = partition
+            .parse()
+            .map_err(|_| "the partition is not a number")?;
+        Ok(Arc::new(KafkaLocation {
+            bootstrap_servers: servers.to_owned(),
+            topic: topic.to_owned(),
+            partition,
+        }))
+    }
+}
+
+impl Location for KafkaLocation {
+    #[cfg(feature = "kafka")]
+    fn open(&self, _id: ChangelogId, write: bool) -> Result<Box<dyn Changelog>> {
+        let id = ChangelogId::new(self.topic.clone(), self.partition)?;
+        let mut options = super::kafka::KafkaOptions::new(self.bootstrap_servers.clone());
+        options.create_topic = write;
+        Ok(Box::new(super::kafka::KafkaChangelog::open(id, options)?))
+    }
+
+    #[cfg(not(feature = "kafka"))]
+    fn open(&self, _id: ChangelogId, _write: bool) -> Result<Box<dyn Changelog>> {
+        Err(Error::config(
+            "this build has no Kafka support; rebuild with the `kafka` feature",
+        ))
     }
 }
 
@@ -115,18 +181,28 @@ mod tests {
     #[test]
     fn urls_parse_or_say_what_is_wrong() {
         assert_eq!(
-            "file:///tmp/log".parse::<ChangelogUrl>().unwrap(),
-            ChangelogUrl::File("/tmp/log".into())
+            format!(
+                "{:?}",
+                "file:///tmp/log".parse::<ChangelogUrl>().unwrap().location
+            ),
+            format!("{:?}", FileLocation("/tmp/log".into()))
         );
         assert_eq!(
-            "kafka://127.0.0.1:9092/shop-carts-changelog/3"
-                .parse::<ChangelogUrl>()
-                .unwrap(),
-            ChangelogUrl::Kafka {
-                bootstrap_servers: "127.0.0.1:9092".into(),
-                topic: "shop-carts-changelog".into(),
-                partition: 3
-            }
+            format!(
+                "{:?}",
+                "kafka://127.0.0.1:9092/shop-carts-changelog/3"
+                    .parse::<ChangelogUrl>()
+                    .unwrap()
+                    .location
+            ),
+            format!(
+                "{:?}",
+                KafkaLocation {
+                    bootstrap_servers: "127.0.0.1:9092".into(),
+                    topic: "shop-carts-changelog".into(),
+                    partition: 3
+                }
+            )
         );
         for bad in [
             "file://",
@@ -140,5 +216,17 @@ mod tests {
             assert_eq!(e.kind(), crate::ErrorKind::Config, "{bad}");
             assert!(e.to_string().contains("file://DIR"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_bad_url_lists_every_scheme() {
+        let e = "s3://b/x".parse::<ChangelogUrl>().unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "bad changelog url url=`s3://b/x`: unknown scheme; use file://DIR or \
+                 kafka://HOST:PORT/TOPIC/PARTITION"
+            ),
+            "{e}"
+        );
     }
 }

@@ -132,120 +132,34 @@ impl FileChangelog {
         let retention_ms = i64::try_from(options.delete_retention.as_millis()).unwrap_or(i64::MAX);
         let cutoff = self.clock.now_ms().saturating_sub(retention_ms);
 
-        // Pass 1: the newest offset of every key, closed segments then the
-        // active one (up to what is written now; later appends only supersede more).
-        let mut newest: HashMap<Bytes, u64> = HashMap::new();
-        // One past the newest offset pass 1 sees: every record compaction
-        // drops as superseded is replaced by a record below it.
-        let mut examined_end = 0u64;
-        let mut note = |buf: &[u8], r: &codec::RawRecord| {
-            examined_end = examined_end.max(r.offset + 1);
-            let key = &buf[r.key.clone()];
-            match newest.get_mut(key) {
-                Some(o) => *o = r.offset,
-                None => {
-                    newest.insert(Bytes::copy_from_slice(key), r.offset);
-                }
-            }
-        };
-        for (i, seg) in closed.iter().enumerate() {
-            let next_base = closed.get(i + 1).map_or(active.base, |s| s.base);
-            let buf = seg.read_all()?;
-            let mut beyond = None;
-            let end = codec::scan_records(&buf, seg.base, &seg.path, |r| {
-                if r.offset >= next_base {
-                    beyond.get_or_insert(r.offset);
-                }
-                note(&buf, r);
-            })?;
-            if let Some(o) = beyond {
-                return Err(seg.beyond_next_base(o, Some(next_base)));
-            }
-            if let Some(t) = end.torn {
-                return Err(seg.corrupt_at(t.position as u64, t.reason));
-            }
-            report.segments_examined += 1;
-            report.records_before += end.records;
-            report.bytes_before += buf.len() as u64;
-        }
-        let abuf = active.read_all()?;
-        codec::scan_records(&abuf, active.base, &active.path, |r| note(&abuf, r))?;
-        drop(abuf);
-        let examined_end = examined_end;
+        let (newest, examined_end) = newest_offsets(&closed, &active, &mut report)?;
+        let (rewrites, max_purged) = write_compacted(&closed, &newest, cutoff, &mut report)?;
+        self.advance_horizon(horizon, max_purged, examined_end, &rewrites, &mut report)?;
+        self.swap_in(rewrites, &mut report)?;
+        tracing::info!(
+            path = %self.dir.display(),
+            segments_rewritten = report.segments_rewritten,
+            records_before = report.records_before,
+            records_after = report.records_after,
+            tombstones_dropped = report.tombstones_dropped,
+            tombstones_before = report.horizon.tombstones_before,
+            superseded_before = report.horizon.superseded_before,
+            "compacted changelog"
+        );
+        Ok(report)
+    }
 
-        // Pass 2: write the compacted segments to temporary files.
-        let mut rewrites = Vec::new();
-        let mut max_purged: Option<u64> = None;
-        let result = (|| -> Result<()> {
-            for seg in &closed {
-                let buf = seg.read_all()?;
-                let header = SegmentHeader {
-                    base_offset: seg.base,
-                    prev_base_offset: seg.prev_base,
-                };
-                let mut out = header.encode().to_vec();
-                let mut index = IndexBuilder::new();
-                let (mut total, mut kept) = (0u64, 0u64);
-                codec::scan_records(&buf, seg.base, &seg.path, |r| {
-                    total += 1;
-                    let is_newest = newest.get(&buf[r.key.clone()]) == Some(&r.offset);
-                    let tombstone = r.value.is_none();
-                    let expired = tombstone && r.timestamp_ms < cutoff;
-                    if is_newest && !expired {
-                        let start = r.key.start - codec::FRAME_HEADER_LEN;
-                        index.add(r.offset, out.len() as u64);
-                        out.extend_from_slice(&buf[start..r.next]);
-                        kept += 1;
-                    } else if tombstone {
-                        report.tombstones_dropped += 1;
-                        if is_newest {
-                            // A purged newest tombstone: replay from below it would miss the delete.
-                            max_purged = Some(max_purged.map_or(r.offset, |m| m.max(r.offset)));
-                        }
-                    }
-                })?;
-                report.records_after += kept;
-                report.bytes_after += out.len() as u64;
-                if kept == total {
-                    continue;
-                }
-                let mut tmp = seg.path.clone().into_os_string();
-                tmp.push(COMPACTING_SUFFIX);
-                let tmp = std::path::PathBuf::from(tmp);
-                let mut f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&tmp)
-                    .map_err(|e| io_err("create compacted segment", &tmp, e))?;
-                f.write_all(&out)
-                    .map_err(|e| io_err("write compacted segment", &tmp, e))?;
-                // Durability: the compacted segment is complete on disk before it replaces the old.
-                f.sync_all()
-                    .map_err(|e| io_err("fsync compacted segment", &tmp, e))?;
-                drop(f);
-                // A read handle on the new inode, taken before the rename moves it.
-                let file =
-                    File::open(&tmp).map_err(|e| io_err("open compacted segment", &tmp, e))?;
-                rewrites.push(Rewrite {
-                    old: Arc::clone(seg),
-                    tmp,
-                    file,
-                    len: out.len() as u64,
-                    index,
-                });
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
-            for r in &rewrites {
-                let _ = fs::remove_file(&r.tmp);
-            }
-            return Err(e);
-        }
-
-        // Persist the advanced horizon before any purged tombstone, or any
-        // record a point-in-time read up to its offset would need, disappears.
+    /// Persists the advanced horizon before any purged tombstone, or any
+    /// record a point-in-time read up to its offset would need, disappears.
+    /// On failure the temporary files are removed.
+    fn advance_horizon(
+        &self,
+        horizon: Horizon,
+        max_purged: Option<u64>,
+        examined_end: u64,
+        rewrites: &[Rewrite],
+        report: &mut CompactionReport,
+    ) -> Result<()> {
         let mut new = horizon;
         if let Some(m) = max_purged {
             new.tombstones_before = new.tombstones_before.max(m + 1);
@@ -255,7 +169,7 @@ impl FileChangelog {
         }
         if new != horizon {
             if let Err(e) = self.update_meta(|m| m.horizon = new) {
-                for r in &rewrites {
+                for r in rewrites {
                     let _ = fs::remove_file(&r.tmp);
                 }
                 return Err(e);
@@ -263,8 +177,11 @@ impl FileChangelog {
             write_shared(&self.shared)?.horizon = new;
         }
         report.horizon = new;
+        Ok(())
+    }
 
-        // Swap in the compacted segments, oldest first.
+    /// Swaps in the compacted segments, oldest first.
+    fn swap_in(&self, rewrites: Vec<Rewrite>, report: &mut CompactionReport) -> Result<()> {
         let mut pending = rewrites.into_iter();
         while let Some(r) = pending.next() {
             let path = r.old.path.clone();
@@ -294,16 +211,150 @@ impl FileChangelog {
             s.start = None;
             report.segments_rewritten += 1;
         }
-        tracing::info!(
-            path = %self.dir.display(),
-            segments_rewritten = report.segments_rewritten,
-            records_before = report.records_before,
-            records_after = report.records_after,
-            tombstones_dropped = report.tombstones_dropped,
-            tombstones_before = report.horizon.tombstones_before,
-            superseded_before = report.horizon.superseded_before,
-            "compacted changelog"
-        );
-        Ok(report)
+        Ok(())
     }
+}
+
+/// Pass 1: the newest offset of every key, closed segments then the
+/// active one (up to what is written now; later appends only supersede
+/// more). Also returns one past the newest offset pass 1 sees: every record
+/// compaction drops as superseded is replaced by a record below it.
+fn newest_offsets(
+    closed: &[Arc<Segment>],
+    active: &Segment,
+    report: &mut CompactionReport,
+) -> Result<(HashMap<Bytes, u64>, u64)> {
+    let mut newest: HashMap<Bytes, u64> = HashMap::new();
+    // One past the newest offset pass 1 sees: every record compaction
+    // drops as superseded is replaced by a record below it.
+    let mut examined_end = 0u64;
+    let mut note = |buf: &[u8], r: &codec::RawRecord| {
+        examined_end = examined_end.max(r.offset + 1);
+        let key = &buf[r.key.clone()];
+        match newest.get_mut(key) {
+            Some(o) => *o = r.offset,
+            None => {
+                newest.insert(Bytes::copy_from_slice(key), r.offset);
+            }
+        }
+    };
+    for (i, seg) in closed.iter().enumerate() {
+        let next_base = closed.get(i + 1).map_or(active.base, |s| s.base);
+        let buf = seg.read_all()?;
+        let mut beyond = None;
+        let end = codec::scan_records(&buf, seg.base, &seg.path, |r| {
+            if r.offset >= next_base {
+                beyond.get_or_insert(r.offset);
+            }
+            note(&buf, r);
+        })?;
+        if let Some(o) = beyond {
+            return Err(seg.beyond_next_base(o, Some(next_base)));
+        }
+        if let Some(t) = end.torn {
+            return Err(seg.corrupt_at(t.position as u64, t.reason));
+        }
+        report.segments_examined += 1;
+        report.records_before += end.records;
+        report.bytes_before += buf.len() as u64;
+    }
+    let abuf = active.read_all()?;
+    codec::scan_records(&abuf, active.base, &active.path, |r| note(&abuf, r))?;
+    drop(abuf);
+    Ok((newest, examined_end))
+}
+
+/// Pass 2: write the compacted segments to temporary files. Returns them
+/// with the highest purged newest tombstone; on failure the temporary files
+/// written so far are removed.
+fn write_compacted(
+    closed: &[Arc<Segment>],
+    newest: &HashMap<Bytes, u64>,
+    cutoff: i64,
+    report: &mut CompactionReport,
+) -> Result<(Vec<Rewrite>, Option<u64>)> {
+    let mut rewrites = Vec::new();
+    let mut max_purged: Option<u64> = None;
+    let result = (|| -> Result<()> {
+        for seg in closed {
+            if let Some(r) = compact_segment(seg, newest, cutoff, report, &mut max_purged)? {
+                rewrites.push(r);
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for r in &rewrites {
+            let _ = fs::remove_file(&r.tmp);
+        }
+        return Err(e);
+    }
+    Ok((rewrites, max_purged))
+}
+
+/// One closed segment of pass 2: keeps each key's newest record unless it
+/// is an expired tombstone, and writes the result to `<base>.log.compacting`
+/// if anything was dropped (`None` when the segment stays as it is).
+fn compact_segment(
+    seg: &Arc<Segment>,
+    newest: &HashMap<Bytes, u64>,
+    cutoff: i64,
+    report: &mut CompactionReport,
+    max_purged: &mut Option<u64>,
+) -> Result<Option<Rewrite>> {
+    let buf = seg.read_all()?;
+    let header = SegmentHeader {
+        base_offset: seg.base,
+        prev_base_offset: seg.prev_base,
+    };
+    let mut out = header.encode().to_vec();
+    let mut index = IndexBuilder::new();
+    let (mut total, mut kept) = (0u64, 0u64);
+    codec::scan_records(&buf, seg.base, &seg.path, |r| {
+        total += 1;
+        let is_newest = newest.get(&buf[r.key.clone()]) == Some(&r.offset);
+        let tombstone = r.value.is_none();
+        let expired = tombstone && r.timestamp_ms < cutoff;
+        if is_newest && !expired {
+            let start = r.key.start - codec::FRAME_HEADER_LEN;
+            index.add(r.offset, out.len() as u64);
+            out.extend_from_slice(&buf[start..r.next]);
+            kept += 1;
+        } else if tombstone {
+            report.tombstones_dropped += 1;
+            if is_newest {
+                // A purged newest tombstone: replay from below it would miss the delete.
+                *max_purged = Some(max_purged.map_or(r.offset, |m| m.max(r.offset)));
+            }
+        }
+    })?;
+    report.records_after += kept;
+    report.bytes_after += out.len() as u64;
+    if kept == total {
+        return Ok(None);
+    }
+    let mut tmp = seg.path.clone().into_os_string();
+    tmp.push(COMPACTING_SUFFIX);
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(|e| io_err("create compacted segment", &tmp, e))?;
+    f.write_all(&out)
+        .map_err(|e| io_err("write compacted segment", &tmp, e))?;
+    // Durability: the compacted segment is complete on disk before it replaces the old.
+    f.sync_all()
+        .map_err(|e| io_err("fsync compacted segment", &tmp, e))?;
+    drop(f);
+    // A read handle on the new inode, taken before the rename moves it.
+    let file = File::open(&tmp).map_err(|e| io_err("open compacted segment", &tmp, e))?;
+    Ok(Some(Rewrite {
+        old: Arc::clone(seg),
+        tmp,
+        file,
+        len: out.len() as u64,
+        index,
+    }))
 }

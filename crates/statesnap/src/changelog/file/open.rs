@@ -69,28 +69,7 @@ impl FileChangelog {
                 HEADER_LEN * 2
             )));
         }
-        if !dir.exists() {
-            if read_only {
-                return Err(Error::not_found(format!(
-                    "changelog directory does not exist path=`{}`; nothing to read",
-                    dir.display()
-                )));
-            }
-            if !options.create_if_missing {
-                return Err(Error::not_found(format!(
-                    "changelog directory does not exist path=`{}`; set create_if_missing to \
-                     create it",
-                    dir.display()
-                )));
-            }
-            fs::create_dir_all(&dir).map_err(|e| io_err("create changelog directory", &dir, e))?;
-            if let Some(parent) = dir.parent()
-                && !parent.as_os_str().is_empty()
-            {
-                // Durability: the new directory's entry in its parent survives a crash.
-                meta::sync_dir(parent)?;
-            }
-        }
+        ensure_dir(&dir, &options, read_only)?;
         let lock_file = if read_only {
             None
         } else {
@@ -107,79 +86,8 @@ impl FileChangelog {
             .collect();
         bases.sort_unstable();
 
-        let meta = match meta::read(&dir)? {
-            Some(m) => {
-                let found = m.id();
-                if found != id {
-                    return Err(Error::config(format!(
-                        "changelog directory belongs to another changelog path=`{}` \
-                         expected=`{id}` found=`{found}`",
-                        dir.display()
-                    )));
-                }
-                m
-            }
-            None if read_only => {
-                return Err(Error::not_found(format!(
-                    "no changelog in directory path=`{}` (no `{}`); nothing to read",
-                    dir.display(),
-                    meta::META_FILE
-                )));
-            }
-            None => {
-                if !bases.is_empty() {
-                    return Err(Error::corrupt(format!(
-                        "changelog directory has segments but no metadata file path=`{}` \
-                         missing=`{}`",
-                        dir.display(),
-                        meta::META_FILE
-                    )));
-                }
-                let m = meta::Meta {
-                    format_version: meta::META_VERSION,
-                    topic: id.topic.clone(),
-                    partition: id.partition,
-                    lineage: uuid::Uuid::new_v4().to_string(),
-                    horizon: Horizon::default(),
-                    epochs: Vec::new(),
-                };
-                meta::write(&dir, &m)?;
-                m
-            }
-        };
-
-        let mut recovery = None;
-        let mut segments: Vec<Arc<Segment>> = Vec::with_capacity(bases.len().max(1));
-        let writer = match bases.split_last() {
-            None if read_only => {
-                return Err(Error::corrupt(format!(
-                    "changelog directory has metadata but no segment path=`{}`",
-                    dir.display()
-                )));
-            }
-            None => {
-                let (seg, file) = create_segment(&dir, 0, None)?;
-                // Durability: the first segment's directory entry must survive.
-                meta::sync_dir(&dir)?;
-                let seg = Arc::new(seg);
-                segments.push(Arc::clone(&seg));
-                new_writer(file, seg, HEADER_LEN as u64, 0, IndexBuilder::new())
-            }
-            Some((&last, closed)) => {
-                let mut prev: Option<u64> = None;
-                for &base in closed {
-                    let path = dir.join(segment::segment_file_name(base));
-                    segments.push(Arc::new(open_closed_segment(&path, base, prev)?));
-                    prev = Some(base);
-                }
-                let path = dir.join(segment::segment_file_name(last));
-                let (seg, w, rep) = open_last_segment(&path, last, prev, read_only)?;
-                recovery = rep;
-                let seg = Arc::new(seg);
-                segments.push(Arc::clone(&seg));
-                w.into_writer(seg)
-            }
-        };
+        let meta = read_or_create_meta(&dir, &id, &bases, read_only)?;
+        let (segments, recovery, writer) = open_segments(&dir, &bases, read_only)?;
         Self::finish(
             dir, id, options, meta, segments, recovery, lock_file, writer,
         )
@@ -350,6 +258,128 @@ fn check_header(path: &Path, h: &SegmentHeader, base: u64, prev: Option<u64>) ->
         )));
     }
     Ok(())
+}
+
+/// Checks that the changelog directory exists, creating it (and making
+/// its entry durable) when missing, writable and
+/// [`FileChangelogOptions::create_if_missing`].
+fn ensure_dir(dir: &Path, options: &FileChangelogOptions, read_only: bool) -> Result<()> {
+    if !dir.exists() {
+        if read_only {
+            return Err(Error::not_found(format!(
+                "changelog directory does not exist path=`{}`; nothing to read",
+                dir.display()
+            )));
+        }
+        if !options.create_if_missing {
+            return Err(Error::not_found(format!(
+                "changelog directory does not exist path=`{}`; set create_if_missing to \
+                 create it",
+                dir.display()
+            )));
+        }
+        fs::create_dir_all(dir).map_err(|e| io_err("create changelog directory", dir, e))?;
+        if let Some(parent) = dir.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            // Durability: the new directory's entry in its parent survives a crash.
+            meta::sync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
+/// The directory's metadata, checked to be the log of `id`; a writer
+/// creates it for a new log (one without segments).
+fn read_or_create_meta(
+    dir: &Path,
+    id: &ChangelogId,
+    bases: &[u64],
+    read_only: bool,
+) -> Result<meta::Meta> {
+    Ok(match meta::read(dir)? {
+        Some(m) => {
+            let found = m.id();
+            if found != *id {
+                return Err(Error::config(format!(
+                    "changelog directory belongs to another changelog path=`{}` \
+                     expected=`{id}` found=`{found}`",
+                    dir.display()
+                )));
+            }
+            m
+        }
+        None if read_only => {
+            return Err(Error::not_found(format!(
+                "no changelog in directory path=`{}` (no `{}`); nothing to read",
+                dir.display(),
+                meta::META_FILE
+            )));
+        }
+        None => {
+            if !bases.is_empty() {
+                return Err(Error::corrupt(format!(
+                    "changelog directory has segments but no metadata file path=`{}` \
+                     missing=`{}`",
+                    dir.display(),
+                    meta::META_FILE
+                )));
+            }
+            let m = meta::Meta {
+                format_version: meta::META_VERSION,
+                topic: id.topic.clone(),
+                partition: id.partition,
+                lineage: uuid::Uuid::new_v4().to_string(),
+                horizon: Horizon::default(),
+                epochs: Vec::new(),
+            };
+            meta::write(dir, &m)?;
+            m
+        }
+    })
+}
+
+/// Opens the segment chain `bases` (a writer of a new log creates the
+/// first segment): the closed segments, then the last one with its torn
+/// tail recovered, and the writer positioned after it.
+fn open_segments(
+    dir: &Path,
+    bases: &[u64],
+    read_only: bool,
+) -> Result<(Vec<Arc<Segment>>, Option<RecoveryReport>, Writer)> {
+    let mut recovery = None;
+    let mut segments: Vec<Arc<Segment>> = Vec::with_capacity(bases.len().max(1));
+    let writer = match bases.split_last() {
+        None if read_only => {
+            return Err(Error::corrupt(format!(
+                "changelog directory has metadata but no segment path=`{}`",
+                dir.display()
+            )));
+        }
+        None => {
+            let (seg, file) = create_segment(dir, 0, None)?;
+            // Durability: the first segment's directory entry must survive.
+            meta::sync_dir(dir)?;
+            let seg = Arc::new(seg);
+            segments.push(Arc::clone(&seg));
+            new_writer(file, seg, HEADER_LEN as u64, 0, IndexBuilder::new())
+        }
+        Some((&last, closed)) => {
+            let mut prev: Option<u64> = None;
+            for &base in closed {
+                let path = dir.join(segment::segment_file_name(base));
+                segments.push(Arc::new(open_closed_segment(&path, base, prev)?));
+                prev = Some(base);
+            }
+            let path = dir.join(segment::segment_file_name(last));
+            let (seg, w, rep) = open_last_segment(&path, last, prev, read_only)?;
+            recovery = rep;
+            let seg = Arc::new(seg);
+            segments.push(Arc::clone(&seg));
+            w.into_writer(seg)
+        }
+    };
+    Ok((segments, recovery, writer))
 }
 
 fn open_closed_segment(path: &Path, base: u64, prev: Option<u64>) -> Result<Segment> {

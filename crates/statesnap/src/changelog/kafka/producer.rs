@@ -101,6 +101,35 @@ pub(super) fn create_producer(options: &KafkaOptions, at: &Where) -> Result<Thre
         .map_err(|e| at.err("producer creation", e))
 }
 
+/// Hands one record to librdkafka, waiting while its local queue is full
+/// (until `deadline`).
+fn enqueue(
+    producer: &ThreadedProducer<Ctx>,
+    mut rec: BaseRecord<'_, [u8], [u8], Box<Slot>>,
+    batch: &Batch,
+    deadline: Instant,
+) -> std::result::Result<(), KafkaError> {
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                // The local queue is full: wait for the polling
+                // thread to serve some delivery reports.
+                rec = back;
+                if Instant::now() >= deadline {
+                    return Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull));
+                }
+                let guard = lock(&batch.pending);
+                let _ = batch
+                    .reported
+                    .wait_timeout(guard, Duration::from_millis(5))
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
 impl KafkaChangelog {
     fn send_batch(&self, producer: &ThreadedProducer<Ctx>, records: &[RawOut]) -> Result<Vec<u64>> {
         let n = records.len();
@@ -116,64 +145,69 @@ impl KafkaChangelog {
             Instant::now() + self.options.delivery_timeout + self.options.request_timeout;
         let mut send_error: Option<KafkaError> = None;
         let mut sent = 0usize;
-        for (i, (key, value, marker)) in records.iter().enumerate() {
-            let mut rec: BaseRecord<'_, [u8], [u8], Box<Slot>> = BaseRecord::with_opaque_to(
-                &self.id.topic,
-                Box::new(Slot {
-                    batch: batch.clone(),
-                    index: i,
-                }),
-            )
-            .partition(self.partition)
-            .key(key.as_ref())
-            .timestamp(now);
-            if let Some(v) = value {
-                rec = rec.payload(v.as_ref());
-            }
-            if let Some(kind) = marker {
-                rec = rec.headers(OwnedHeaders::new().insert(Header {
-                    key: MARKER_HEADER,
-                    value: Some(*kind),
-                }));
-            }
-            loop {
-                match producer.send(rec) {
-                    Ok(()) => {
-                        sent += 1;
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        // The local queue is full: wait for the polling
-                        // thread to serve some delivery reports.
-                        rec = back;
-                        if Instant::now() >= deadline {
-                            send_error =
-                                Some(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull));
-                            break;
-                        }
-                        let guard = lock(&batch.pending);
-                        let _ = batch
-                            .reported
-                            .wait_timeout(guard, Duration::from_millis(5))
-                            .unwrap_or_else(|e| e.into_inner());
-                    }
-                    Err((e, _)) => {
-                        send_error = Some(e);
-                        break;
-                    }
-                }
-            }
-            if send_error.is_some() {
+        for (i, raw) in records.iter().enumerate() {
+            let rec = self.base_record(&batch, i, raw, now);
+            if let Err(e) = enqueue(producer, rec, &batch, deadline) {
+                send_error = Some(e);
                 break;
             }
+            sent += 1;
         }
         // Send what is queued now instead of after linger.ms (a zero-timeout
         // flush only raises librdkafka's "flushing" flag and returns; the
         // polling thread serves the reports).
         let _ = producer.flush(Duration::ZERO);
-        // Wait for the report of every record that was handed to librdkafka,
-        // even after a send error, so no report of this batch is left behind.
-        let unsent = n - sent;
+        self.await_reports(&batch, n, n - sent, deadline)?;
+        if let Some(e) = send_error {
+            return Err(self
+                .at
+                .err(&format!("append (enqueue of record {sent} of {n})"), e));
+        }
+        self.delivered_offsets(&batch, n)
+    }
+
+    /// Record `i` of the batch as librdkafka takes it: this handle's
+    /// partition, the append's timestamp, the marker header if it is one,
+    /// and its delivery report slot.
+    fn base_record<'a>(
+        &'a self,
+        batch: &Arc<Batch>,
+        i: usize,
+        (key, value, marker): &'a RawOut,
+        now: i64,
+    ) -> BaseRecord<'a, [u8], [u8], Box<Slot>> {
+        let mut rec: BaseRecord<'_, [u8], [u8], Box<Slot>> = BaseRecord::with_opaque_to(
+            &self.id.topic,
+            Box::new(Slot {
+                batch: batch.clone(),
+                index: i,
+            }),
+        )
+        .partition(self.partition)
+        .key(key.as_ref())
+        .timestamp(now);
+        if let Some(v) = value {
+            rec = rec.payload(v.as_ref());
+        }
+        if let Some(kind) = marker {
+            rec = rec.headers(OwnedHeaders::new().insert(Header {
+                key: MARKER_HEADER,
+                value: Some(*kind),
+            }));
+        }
+        rec
+    }
+
+    /// Waits for the report of every record that was handed to librdkafka
+    /// (all but `unsent` of the batch's `n`), even after a send error, so
+    /// no report of this batch is left behind.
+    fn await_reports(
+        &self,
+        batch: &Batch,
+        n: usize,
+        unsent: usize,
+        deadline: Instant,
+    ) -> Result<()> {
         let mut guard = lock(&batch.pending);
         while guard.remaining > unsent {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -194,12 +228,12 @@ impl KafkaChangelog {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        drop(guard);
-        if let Some(e) = send_error {
-            return Err(self
-                .at
-                .err(&format!("append (enqueue of record {sent} of {n})"), e));
-        }
+        Ok(())
+    }
+
+    /// The offsets the delivery reports of all `n` records gave, checked to
+    /// be present and ascending.
+    fn delivered_offsets(&self, batch: &Batch, n: usize) -> Result<Vec<u64>> {
         let mut p = lock(&batch.pending);
         let mut out = Vec::with_capacity(n);
         for (i, slot) in p.offsets.iter_mut().enumerate() {

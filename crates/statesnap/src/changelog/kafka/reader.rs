@@ -148,14 +148,7 @@ impl KafkaReader {
             let mut done = false;
             let mut bytes = 0usize;
             while out.len() < max_records && bytes < max_bytes {
-                let wait = if out.is_empty() {
-                    idle_deadline
-                        .saturating_duration_since(Instant::now())
-                        .min(Duration::from_millis(100))
-                } else {
-                    Duration::from_millis(5)
-                };
-                match consumer.poll(wait) {
+                match consumer.poll(poll_wait(out.is_empty(), idle_deadline)) {
                     Some(Ok(m)) => {
                         idle_deadline = Instant::now() + self.idle_timeout;
                         let Ok(off) = u64::try_from(m.offset()) else {
@@ -169,33 +162,11 @@ impl KafkaReader {
                             break;
                         }
                         self.next = off + 1;
-                        let key = m.key().unwrap_or_default();
-                        let kind = if key == LINEAGE_MARKER_KEY {
-                            Some(MARKER_HEADER_VALUE)
-                        } else if key == WRITER_MARKER_KEY {
-                            Some(WRITER_HEADER_VALUE)
-                        } else {
-                            None
-                        };
-                        let marker = kind.is_some_and(|kind| {
-                            m.headers().is_some_and(|h| {
-                                h.iter()
-                                    .any(|h| h.key == MARKER_HEADER && h.value == Some(kind))
-                            })
-                        });
-                        if marker && !self.keep_markers {
+                        let Some(r) = raw_record(&m, off, self.keep_markers) else {
                             continue;
-                        }
-                        bytes += key.len() + m.payload().map_or(0, <[u8]>::len);
-                        out.push(RawRecord {
-                            record: LoggedRecord {
-                                offset: off,
-                                timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
-                                key: Bytes::copy_from_slice(key),
-                                value: m.payload().map(Bytes::copy_from_slice),
-                            },
-                            marker,
-                        });
+                        };
+                        bytes += r.record.key.len() + r.record.value.as_ref().map_or(0, Bytes::len);
+                        out.push(r);
                         if self.next >= self.end {
                             done = true;
                             break;
@@ -207,34 +178,10 @@ impl KafkaReader {
                         done = true;
                         break;
                     }
-                    Some(Err(e))
-                        if matches!(
-                            e.rdkafka_error_code(),
-                            Some(
-                                RDKafkaErrorCode::AutoOffsetReset
-                                    | RDKafkaErrorCode::OffsetOutOfRange
-                            )
-                        ) =>
-                    {
-                        return Err(Error::stale(format!(
-                            "kafka changelog records were deleted before they were read changelog=`{}` \
-                             bootstrap_servers=`{}` next_offset={} end_offset={}: the log start moved past \
-                             the reader (retention or DeleteRecords); a replay from here cannot be exact — \
-                             restore from a newer snapshot, or rebuild if none is usable",
-                            self.at.id, self.at.bootstrap, self.next, self.end
-                        ))
-                        .with_source(e));
-                    }
                     Some(Err(e)) => {
-                        if self.stopped() {
+                        if self.fetch_error(e)? {
                             self.finish();
                             return Ok(None);
-                        }
-                        if matches!(kind_of(&e), ErrorKind::Transient) {
-                            // librdkafka retries by itself; give up at the idle deadline.
-                            tracing::debug!(changelog = %self.at.id, error = %e, "kafka fetch error, retrying");
-                        } else {
-                            return Err(self.at.err("read", e));
                         }
                     }
                     None => {
@@ -246,19 +193,7 @@ impl KafkaReader {
                             return Ok(None);
                         }
                         if Instant::now() >= idle_deadline {
-                            return Err(Error::transient(format!(
-                                "kafka read received nothing within the timeout changelog=`{}` \
-                                 bootstrap_servers=`{}` next_offset={} end_offset={} timeout_ms={}; \
-                                 the broker is unreachable or overloaded, or will not send the \
-                                 record at next_offset in one fetch (it may exceed the broker's \
-                                 fetch cap: tansu 0.6.0 never sends a record of 5 MiB or more) — \
-                                 retry later, or raise fetch.max.bytes / max.partition.fetch.bytes",
-                                self.at.id,
-                                self.at.bootstrap,
-                                self.next,
-                                self.end,
-                                millis(self.idle_timeout)
-                            )));
+                            return Err(self.nothing_received());
                         }
                     }
                 }
@@ -271,6 +206,97 @@ impl KafkaReader {
             }
         }
     }
+
+    /// A fetch error: records deleted before they were read are stale, a
+    /// transient error is retried (librdkafka retries by itself; the read
+    /// gives up at the idle deadline), others fail. `Ok(true)` if the owner
+    /// stopped the reader meanwhile.
+    fn fetch_error(&self, e: KafkaError) -> Result<bool> {
+        if matches!(
+            e.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange)
+        ) {
+            return Err(Error::stale(format!(
+                "kafka changelog records were deleted before they were read changelog=`{}` \
+                 bootstrap_servers=`{}` next_offset={} end_offset={}: the log start moved past \
+                 the reader (retention or DeleteRecords); a replay from here cannot be exact — \
+                 restore from a newer snapshot, or rebuild if none is usable",
+                self.at.id, self.at.bootstrap, self.next, self.end
+            ))
+            .with_source(e));
+        }
+        if self.stopped() {
+            return Ok(true);
+        }
+        if matches!(kind_of(&e), ErrorKind::Transient) {
+            // librdkafka retries by itself; give up at the idle deadline.
+            tracing::debug!(changelog = %self.at.id, error = %e, "kafka fetch error, retrying");
+            Ok(false)
+        } else {
+            Err(self.at.err("read", e))
+        }
+    }
+
+    /// The error for a read that received nothing before its idle deadline.
+    fn nothing_received(&self) -> Error {
+        Error::transient(format!(
+            "kafka read received nothing within the timeout changelog=`{}` \
+             bootstrap_servers=`{}` next_offset={} end_offset={} timeout_ms={}; \
+             the broker is unreachable or overloaded, or will not send the \
+             record at next_offset in one fetch (it may exceed the broker's \
+             fetch cap: tansu 0.6.0 never sends a record of 5 MiB or more) — \
+             retry later, or raise fetch.max.bytes / max.partition.fetch.bytes",
+            self.at.id,
+            self.at.bootstrap,
+            self.next,
+            self.end,
+            millis(self.idle_timeout)
+        ))
+    }
+}
+
+/// How long one poll waits: up to 100 ms (within the idle deadline) for
+/// the first record of a chunk, 5 ms for more once there is one.
+fn poll_wait(first: bool, idle_deadline: Instant) -> Duration {
+    if first {
+        idle_deadline
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(100))
+    } else {
+        Duration::from_millis(5)
+    }
+}
+
+/// The record message `m` at offset `off` holds, marked if it is a
+/// statesnap marker (its key and header say so); `None` for a marker the
+/// reader does not keep.
+fn raw_record(m: &impl Message, off: u64, keep_markers: bool) -> Option<RawRecord> {
+    let key = m.key().unwrap_or_default();
+    let kind = if key == LINEAGE_MARKER_KEY {
+        Some(MARKER_HEADER_VALUE)
+    } else if key == WRITER_MARKER_KEY {
+        Some(WRITER_HEADER_VALUE)
+    } else {
+        None
+    };
+    let marker = kind.is_some_and(|kind| {
+        m.headers().is_some_and(|h| {
+            h.iter()
+                .any(|h| h.key == MARKER_HEADER && h.value == Some(kind))
+        })
+    });
+    if marker && !keep_markers {
+        return None;
+    }
+    Some(RawRecord {
+        record: LoggedRecord {
+            offset: off,
+            timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+            key: Bytes::copy_from_slice(key),
+            value: m.payload().map(Bytes::copy_from_slice),
+        },
+        marker,
+    })
 }
 
 /// A [`KafkaReader`] on its own thread, fetching the next chunk while the
