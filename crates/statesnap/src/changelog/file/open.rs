@@ -115,7 +115,8 @@ impl FileChangelog {
                         "changelog directory belongs to another changelog path=`{}` \
                          expected=`{id}` found=`{found}`",
                         dir.display()
-                    )));
+                    ))
+                    .with_reason(crate::Reason::OtherChangelog));
                 }
                 m
             }
@@ -208,7 +209,8 @@ impl FileChangelog {
                      and retry, or open this one with FileChangelog::open_read_only to read",
                     dir.display(),
                     holder.escape_debug()
-                )));
+                ))
+                .with_reason(crate::Reason::InUse));
             }
             Err(std::fs::TryLockError::Error(e)) => {
                 return Err(io_err("lock changelog directory", &lock_path, e));

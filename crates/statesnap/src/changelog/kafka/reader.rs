@@ -222,7 +222,7 @@ impl KafkaReader {
                              the reader (retention or DeleteRecords); a replay from here cannot be exact — \
                              restore from a newer snapshot, or rebuild if none is usable",
                             self.at.id, self.at.bootstrap, self.next, self.end
-                        ))
+                        )).with_reason(crate::Reason::BelowHorizon)
                         .with_source(e));
                     }
                     Some(Err(e)) => {
