@@ -102,7 +102,11 @@ fn main() -> ExitCode {
                 println!(
                     "{}",
                     serde_json::json!({
-                        "error": {"kind": e.kind().as_str(), "message": e.to_string()}
+                        "error": {
+                            "kind": e.kind().as_str(),
+                            "reason": e.reason().map(statesnap::Reason::as_str),
+                            "message": e.to_string(),
+                        }
                     })
                 );
             }

@@ -6,6 +6,12 @@
 //! configuration. Messages are lowercase and carry ``key=`value` `` fields.
 //! Third-party errors (`rocksdb::Error`, `object_store::Error`, `std::io::Error`)
 //! are kept as the [`std::error::Error::source`], never as public variants.
+//!
+//! A refusal (an error that is not a failure of the environment but a
+//! decision: the data cannot be used safely, the directory is in use, the
+//! format is too new) also carries a [`Reason`], so a caller can tell the
+//! cases of one kind apart without reading the message. Callers act on the
+//! kind, and on the reason for refusals; the message is for people.
 
 use std::fmt;
 
@@ -62,15 +68,130 @@ impl fmt::Display for ErrorKind {
     }
 }
 
+/// Why statesnap refused, for the refusals a caller may act on beyond the
+/// [`ErrorKind`]. [`Error::reason`] returns it; errors that are not one of
+/// these refusals (I/O, broker and object-store failures, most corruption)
+/// have none. New reasons may be added; match with a wildcard arm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The changelog's compaction or retention horizon overtook the point
+    /// this needed (a snapshot or store below the tombstone horizon, a
+    /// replay whose start was deleted, a point in time whose records a later
+    /// write replaced): replaying from there could resurrect deleted keys or
+    /// miss records. Kind `stale`: use a newer snapshot or rebuild.
+    BelowHorizon,
+    /// The changelog was deleted and recreated (its lineage changed) since
+    /// the snapshot or binding was taken. Kind `stale`.
+    LineageChanged,
+    /// Another writer claimed the changelog partition: this handle no
+    /// longer owns it. Kind `stale`: close it.
+    Fenced,
+    /// A store, cut or snapshot claims offsets beyond the changelog's end:
+    /// the log lost records it applied, or it follows another log. Kind
+    /// `stale`: delete the store and restore or replay it.
+    AheadOfLog,
+    /// The changelog lost records and handed their offsets out again (the
+    /// epoch at an offset differs, acknowledged offsets reappeared or
+    /// vanished). Kind `stale`: rebuild from what the log holds.
+    HistoryLost,
+    /// The store, cut, snapshot or changelog directory belongs to another
+    /// changelog than the one given (its changelog binding differs). Kind
+    /// `stale` for stores and cuts, `config` for snapshots and directories.
+    OtherChangelog,
+    /// A store has applied records but records no changelog binding, so its
+    /// offset cannot be trusted against any log. Kind `stale`.
+    Unbound,
+    /// A store already applied records past the requested point in time; a
+    /// store cannot go back. Kind `config` or `stale`.
+    PastPoint,
+    /// An offset or point in time is past the changelog's end. Kind `config`.
+    PastEnd,
+    /// A store or changelog directory is locked by another handle, process
+    /// or open store. Kind `transient` (retry once the holder lets go) or
+    /// `config` (the same manager was given it twice).
+    InUse,
+    /// Written by a newer statesnap: a format version or required feature
+    /// this build does not understand. Kind `config`: upgrade statesnap.
+    UnsupportedVersion,
+    /// No statesnap repository at the URL (its marker is missing). Kind
+    /// `not-found`: run `statesnap init` (or `Repository::init`).
+    NoRepository,
+    /// The restored or rebuilt contents differ from the snapshot's logical
+    /// digest. Kind `corrupt`.
+    DigestMismatch,
+    /// The target already exists or already holds data (a repository,
+    /// manifest, directory, snapshots, or changelog records). Kind
+    /// `already-exists` or `config`.
+    AlreadyExists,
+    /// The restore target is a non-empty directory without the store
+    /// marker (not a store statesnap made). Kind `config`: move its contents
+    /// away, or adopt it (`RestoreOptions::replace_unmarked`, CLI `--force`).
+    UnmarkedTarget,
+    /// The restore target can never be replaced: a symbolic link, a file, a
+    /// mount point, or a path without a name of its own. Kind `config`.
+    UnsafeTarget,
+    /// The handle or changelog was opened read-only. Kind `config`.
+    ReadOnly,
+    /// This changelog reader or writer failed earlier and refuses to go on;
+    /// open a new one. The kind is the first error's (a reader) or `io` (a
+    /// file changelog's writer).
+    FailedEarlier,
+    /// A store write failed after its batch was committed to the changelog:
+    /// the store is behind it. Kind `stale`: call `catch_up` first.
+    Behind,
+    /// A snapshot commit raced garbage collection (a reused blob was
+    /// condemned or removed, a staged upload was removed, or the commit
+    /// outlived its budget). Kind `stale` (`transient` for the staged
+    /// upload): retry the snapshot.
+    GcRace,
+}
+
+impl Reason {
+    /// The snake_case name used in machine-readable output (`below_horizon`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::BelowHorizon => "below_horizon",
+            Reason::LineageChanged => "lineage_changed",
+            Reason::Fenced => "fenced",
+            Reason::AheadOfLog => "ahead_of_log",
+            Reason::HistoryLost => "history_lost",
+            Reason::OtherChangelog => "other_changelog",
+            Reason::Unbound => "unbound",
+            Reason::PastPoint => "past_point",
+            Reason::PastEnd => "past_end",
+            Reason::InUse => "in_use",
+            Reason::UnsupportedVersion => "unsupported_version",
+            Reason::NoRepository => "no_repository",
+            Reason::DigestMismatch => "digest_mismatch",
+            Reason::AlreadyExists => "already_exists",
+            Reason::UnmarkedTarget => "unmarked_target",
+            Reason::UnsafeTarget => "unsafe_target",
+            Reason::ReadOnly => "read_only",
+            Reason::FailedEarlier => "failed_earlier",
+            Reason::Behind => "behind",
+            Reason::GcRace => "gc_race",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The error every public statesnap function returns.
 ///
 /// Display shows `<kind> error: <message>`; the underlying cause, if any, is
 /// available through [`std::error::Error::source`] (and is appended to the
-/// message by `{:#}`).
+/// message by `{:#}`). A refusal also carries a [`Reason`] ([`Error::reason`]);
+/// Display does not show it.
 pub struct Error {
     kind: ErrorKind,
+    reason: Option<Reason>,
     message: String,
     source: Option<BoxError>,
 }
@@ -80,6 +201,7 @@ impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {
             kind,
+            reason: None,
             message: message.into(),
             source: None,
         }
@@ -94,6 +216,18 @@ impl Error {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         self.kind
+    }
+
+    /// Why statesnap refused, for the refusals a caller may act on (see
+    /// [`Reason`]); `None` for every other error.
+    pub fn reason(&self) -> Option<Reason> {
+        self.reason
+    }
+
+    /// Marks this error as the refusal `reason` (kind and message unchanged).
+    pub(crate) fn with_reason(mut self, reason: Reason) -> Self {
+        self.reason = Some(reason);
+        self
     }
 
     /// The message, without the kind prefix or the source.
@@ -112,7 +246,6 @@ impl Error {
     pub(crate) fn corrupt(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::Corrupt, message)
     }
-    #[allow(dead_code)] // for snapshot/restore code that is not on every branch yet
     pub(crate) fn stale(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::Stale, message)
     }
@@ -189,6 +322,84 @@ mod tests {
             format!("{e:#}"),
             "io error: write failed path=`/x`: disk on fire"
         );
+    }
+
+    const REASONS: [Reason; 20] = [
+        Reason::BelowHorizon,
+        Reason::LineageChanged,
+        Reason::Fenced,
+        Reason::AheadOfLog,
+        Reason::HistoryLost,
+        Reason::OtherChangelog,
+        Reason::Unbound,
+        Reason::PastPoint,
+        Reason::PastEnd,
+        Reason::InUse,
+        Reason::UnsupportedVersion,
+        Reason::NoRepository,
+        Reason::DigestMismatch,
+        Reason::AlreadyExists,
+        Reason::UnmarkedTarget,
+        Reason::UnsafeTarget,
+        Reason::ReadOnly,
+        Reason::FailedEarlier,
+        Reason::Behind,
+        Reason::GcRace,
+    ];
+
+    #[test]
+    fn a_reason_leaves_kind_and_display_alone() {
+        let e = Error::stale("store is ahead").with_reason(Reason::AheadOfLog);
+        assert_eq!(e.kind(), ErrorKind::Stale);
+        assert_eq!(e.reason(), Some(Reason::AheadOfLog));
+        assert_eq!(e.to_string(), "stale error: store is ahead");
+        assert_eq!(Error::config("x").reason(), None);
+    }
+
+    /// Every reason is in [`REASONS`] (the match fails to compile
+    /// otherwise), has its own name, and the CLI and architecture docs name
+    /// each one.
+    #[test]
+    fn every_reason_is_named_once_and_documented() {
+        let listed = |r: Reason| match r {
+            Reason::BelowHorizon
+            | Reason::LineageChanged
+            | Reason::Fenced
+            | Reason::AheadOfLog
+            | Reason::HistoryLost
+            | Reason::OtherChangelog
+            | Reason::Unbound
+            | Reason::PastPoint
+            | Reason::PastEnd
+            | Reason::InUse
+            | Reason::UnsupportedVersion
+            | Reason::NoRepository
+            | Reason::DigestMismatch
+            | Reason::AlreadyExists
+            | Reason::UnmarkedTarget
+            | Reason::UnsafeTarget
+            | Reason::ReadOnly
+            | Reason::FailedEarlier
+            | Reason::Behind
+            | Reason::GcRace => REASONS.contains(&r),
+        };
+        let names: std::collections::BTreeSet<_> = REASONS.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), REASONS.len());
+        for (doc, text) in [
+            ("docs/cli.md", include_str!("../../../docs/cli.md")),
+            (
+                "docs/architecture.md",
+                include_str!("../../../docs/architecture.md"),
+            ),
+        ] {
+            for r in REASONS {
+                assert!(listed(r));
+                assert!(
+                    text.contains(&format!("`{}`", r.as_str())),
+                    "{doc} does not name `{r}`"
+                );
+            }
+        }
     }
 
     #[test]

@@ -776,8 +776,7 @@ mod tests {
         h.put(Bytes::from_static(INPUT_POSITION_KEY), "seven!!");
         h.commit().unwrap();
         let e = recorded_position(&h).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Corrupt);
-        assert!(e.to_string().contains("reserved"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
         assert!(Partition::new(h).is_err());
         manager.shutdown().await;
     }

@@ -139,7 +139,7 @@ pub mod store;
 mod util;
 
 pub use digest::LogicalDigest;
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Reason, Result};
 
 // What a user touches, reachable from the crate root. The modules stay
 // public for everything else (options structs, reports, traits' helpers).

@@ -9,13 +9,13 @@ use bytes::Bytes;
 use std::path::Path;
 use std::sync::Arc;
 
-use statesnap::ErrorKind;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId};
 use statesnap::restore::{ReplayOptions, replay};
 use statesnap::store::StateStore;
 use statesnap::store::logged::LoggedStore;
 use statesnap::store::memory::MemoryStore;
+use statesnap::{ErrorKind, Reason};
 
 fn id() -> ChangelogId {
     ChangelogId::for_store("app", "counts", 0).unwrap()
@@ -109,7 +109,7 @@ fn a_rocksdb_store_of_a_recreated_changelog_is_refused() {
     let mut store = RocksStore::open(&store_dir, &RocksOptions::default()).unwrap();
     let err = replay(&mut store, &log, &ReplayOptions::default(), &mut |_| {}).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
-    assert!(err.message().contains("another changelog"), "{err}");
+    assert_eq!(err.reason(), Some(Reason::OtherChangelog), "{err}");
     let err = LoggedStore::new(store, log).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
     // Nothing of the new incarnation was applied on top of the old keys.
@@ -301,9 +301,9 @@ async fn a_cut_is_only_committed_against_its_own_changelog() {
     unbound
         .apply(&[statesnap::changelog::Record::put("k", "v")], 0)
         .unwrap();
-    let cases: [(_, &FileChangelog, &str); 2] = [
-        (s.store(), &b, "the cut follows another changelog"),
-        (&unbound, &a, "no changelog binding"),
+    let cases: [(_, &FileChangelog, Reason); 2] = [
+        (s.store(), &b, Reason::OtherChangelog),
+        (&unbound, &a, Reason::Unbound),
     ];
     for (store, log, why) in cases {
         let cut = format.capture(store).unwrap();
@@ -311,7 +311,7 @@ async fn a_cut_is_only_committed_against_its_own_changelog() {
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
-        assert!(err.message().contains(why), "{err}");
+        assert_eq!(err.reason(), Some(why), "{err}");
     }
     assert!(repo.list_snapshots(&sk).await.unwrap().snapshots.is_empty());
 }

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use statesnap::ErrorKind;
 use statesnap::changelog::file::{
     CompactOptions, FileChangelog, FileChangelogOptions, FsyncPolicy, decode_segment,
 };
 use statesnap::changelog::{Changelog, ChangelogId, LoggedRecord, Record};
 use statesnap::clock::ManualClock;
 use statesnap::conformance::changelog::read_all;
+use statesnap::{ErrorKind, Reason};
 
 /// Segment header length and per-record framing overhead, from docs/format.md.
 const HEADER: u64 = 32;
@@ -132,7 +132,7 @@ fn opening_with_another_topic_or_partition_is_a_config_error() {
     ] {
         let err = FileChangelog::open(dir.path(), other, opts(1 << 20)).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
-        assert!(err.message().contains("app-store-changelog/0"), "{err}");
+        assert_eq!(err.reason(), Some(Reason::OtherChangelog), "{err}");
     }
 }
 
@@ -147,10 +147,7 @@ fn unknown_metadata_version_is_a_config_error_naming_both_versions() {
     fs::write(&meta, text).unwrap();
     let err = open(dir.path(), 1 << 20).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
-    assert!(
-        err.message().contains("found=`7`") && err.message().contains("supported=`1..=3`"),
-        "{err}"
-    );
+    assert_eq!(err.reason(), Some(Reason::UnsupportedVersion), "{err}");
 }
 
 /// The epoch history as `(epoch, start_offset)` pairs, read from the
@@ -272,7 +269,6 @@ fn a_malformed_epoch_history_is_corrupt() {
     fs::write(&meta, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
     let err = open(dir.path(), 1 << 20).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(err.message().contains("epoch history"), "{err}");
 }
 
 #[test]
@@ -433,10 +429,6 @@ fn bad_record_followed_by_valid_ones_in_the_last_segment_is_corrupt_not_torn() {
     flip_byte(&seg, pos + FRAME + 8); // a value byte of record 3
     let err = open(dir.path(), 1 << 20).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    let msg = err.message();
-    assert!(msg.contains("before its tail"), "{msg}");
-    assert!(msg.contains(&seg.display().to_string()), "{msg}");
-    assert!(msg.contains(&format!("file_offset=`{pos}`")), "{msg}");
     // Nothing was cut off.
     assert_eq!(fs::read(&seg).unwrap().len(), before.len());
 
@@ -445,10 +437,6 @@ fn bad_record_followed_by_valid_ones_in_the_last_segment_is_corrupt_not_torn() {
     flip_byte(&seg, pos);
     let err = open(dir.path(), 1 << 20).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(
-        err.message().contains(&format!("file_offset=`{pos}`")),
-        "{err}"
-    );
 }
 
 #[test]
@@ -470,14 +458,6 @@ fn flipped_byte_in_an_early_segment_fails_reads_of_it_but_not_of_later_segments(
         }
     };
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(
-        err.message().contains(&first.display().to_string()),
-        "{err}"
-    );
-    assert!(
-        err.message().contains(&format!("file_offset=`{pos}`")),
-        "{err}"
-    );
     // ...seeking into it also fails (the index build validates the segment)...
     let err = log.read_from(8).err().expect("seek into a corrupt segment");
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
@@ -515,22 +495,12 @@ fn a_missing_middle_segment_is_a_corrupt_gap() {
     fs::remove_file(&files[1]).unwrap();
     let err = open(dir.path(), seg_bytes).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(err.message().contains("gap"), "{err}");
-    assert!(
-        err.message().contains("00000000000000000010.log"),
-        "names the missing segment: {err}"
-    );
-    assert!(
-        err.message().contains(&files[2].display().to_string()),
-        "{err}"
-    );
 
     // The first segment missing is a gap too.
     let (dir, files) = closed_log(seg_bytes, 40);
     fs::remove_file(&files[0]).unwrap();
     let err = open(dir.path(), seg_bytes).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(err.message().contains("gap"), "{err}");
 }
 
 /// `state` with the records of `log` from `from` on applied.
@@ -977,7 +947,7 @@ fn a_reader_that_failed_mid_batch_never_skips_records_afterwards() {
     fs::write(&seg, &original).unwrap(); // the file is whole again
     for _ in 0..2 {
         match r.next_batch(n as usize) {
-            Err(again) => assert!(again.to_string().contains("failed earlier"), "{again}"),
+            Err(again) => assert_eq!(again.reason(), Some(Reason::FailedEarlier), "{again}"),
             Ok(b) => panic!(
                 "a failed reader went on with {:?} records, from offset {:?}",
                 b.as_ref().map(Vec::len),
@@ -1036,7 +1006,7 @@ fn a_horizon_that_passes_a_running_replay_fails_it_stale() {
     let rep = compacted.expect("compaction ran during the replay");
     assert!(rep.horizon.tombstones_before > 10, "{rep:?}");
     assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
-    assert!(err.to_string().contains("horizon passed"), "{err}");
+    assert_eq!(err.reason(), Some(Reason::BelowHorizon), "{err}");
 }
 
 /// Readers never need the writer's lock: a read-only handle opens a log a
@@ -1052,13 +1022,10 @@ fn a_read_only_handle_reads_a_log_a_writer_holds() {
     for i in 0..50u64 {
         writer.append(&[rec(i)]).unwrap();
     }
-    // A second writer is still refused, told who holds the log...
+    // A second writer is still refused: the log is in use...
     let err = FileChangelog::open(dir.path(), id(), FileChangelogOptions::default()).unwrap_err();
-    assert!(
-        err.message()
-            .contains(&format!("holder=`pid={}`", std::process::id())),
-        "{err}"
-    );
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert_eq!(err.reason(), Some(Reason::InUse), "{err}");
     // ...a reader is not.
     let reader = FileChangelog::open_read_only(dir.path(), id()).unwrap();
     assert!(reader.is_read_only());
@@ -1074,7 +1041,7 @@ fn a_read_only_handle_reads_a_log_a_writer_holds() {
         reader.compact(&CompactOptions::default()).unwrap_err(),
     ] {
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
-        assert!(err.message().contains("read-only"), "{err}");
+        assert_eq!(err.reason(), Some(Reason::ReadOnly), "{err}");
     }
     reader.flush().unwrap();
     drop(writer);

@@ -96,7 +96,6 @@ async fn too_many_layers_is_corrupt() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(err.message().contains("layer count out of range"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,11 +108,6 @@ async fn layers_decoding_past_the_budget_are_corrupt() {
     let fmt = PortableFormat::memory().with_restore_memory_budget(16 << 20);
     let err = restore(&fmt, &repo, &m).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(
-        err.message()
-            .contains("more memory to restore than allowed"),
-        "{err}"
-    );
     // Within the budget, the same layers restore (later layers win).
     let small = hostile(&repo, 3, compressible_chunk(64, 64 << 10), 64).await;
     restore(&fmt, &repo, &small).await.unwrap();

@@ -353,7 +353,6 @@ async fn put_blob_file_stores_every_size_around_the_threshold() {
         .await
         .unwrap_err();
     assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
-    assert!(missing.message().contains("missing`"), "{missing}");
 }
 
 /// `put_immutable_file` in a `file://` repository with
@@ -452,7 +451,6 @@ async fn put_immutable_file_links_on_one_filesystem_and_copies_otherwise() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    assert!(err.message().contains("gone.sst`"), "{err}");
 
     // Across filesystems (link fails with EXDEV): a copy. /dev/shm is a
     // tmpfs on Linux; where it is missing or on the same device, this part

@@ -7,7 +7,6 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use std::sync::Arc;
 use std::time::Duration;
 
-use statesnap::ErrorKind;
 use statesnap::clock::{Clock, ManualClock, SystemClock};
 use statesnap::conformance::repo::draft;
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
@@ -15,6 +14,7 @@ use statesnap::repo::retention::{self, DropReason, KeepReason, RetentionPolicy};
 use statesnap::repo::{
     BlobRef, GcOptions, Manifest, Repository, SnapshotId, SnapshotInfo, SnapshotWriter, StoreKey,
 };
+use statesnap::{ErrorKind, Reason};
 
 fn sk() -> StoreKey {
     StoreKey::new("app", "hostile", 1).unwrap()
@@ -172,10 +172,6 @@ async fn corrupt_blobs_fail_restore_downloads_and_leave_nothing() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
-    assert!(
-        e.message().contains(key.as_ref()) && e.message().contains(&f.blake3.to_hex()),
-        "{e}"
-    );
     assert!(!dest.exists());
     let leftovers: Vec<_> = std::fs::read_dir(dest.parent().unwrap()).unwrap().collect();
     assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
@@ -496,7 +492,7 @@ async fn open_and_init_errors_are_clear() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
-    assert!(e.message().contains("statesnap init"), "{e}");
+    assert_eq!(e.reason(), Some(Reason::NoRepository), "{e}");
     for bad in ["ftp://x/y", "not a url", "s3://bucket/p?x"] {
         let mut o = statesnap::repo::RepositoryOptions::default();
         o.store_options.insert("no_such_option".into(), "1".into());
@@ -512,7 +508,6 @@ async fn open_and_init_errors_are_clear() {
     o.store_options.insert("bogus".into(), "1".into());
     let e = Repository::open("s3://bucket/prefix", o).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
-    assert!(e.message().contains("bogus"), "{e}");
 }
 
 /// Defect 6 (manifests): a manifest far larger than any statesnap writes is
@@ -531,10 +526,6 @@ async fn an_oversized_manifest_is_refused_unread() {
         .unwrap();
     let err = repo.read_manifest(&key).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert!(
-        err.message().contains("larger than any statesnap writes"),
-        "{err}"
-    );
     let listing = repo.list_snapshots(&sk()).await.unwrap();
     assert_eq!(listing.latest().unwrap().id(), good.snapshot_id);
     assert!(listing.unreadable.iter().any(|u| u.key == key.to_string()));

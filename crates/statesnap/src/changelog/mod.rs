@@ -307,7 +307,7 @@ impl<R: ChangelogReader> ChangelogReader for FusedReader<R> {
                 format!(
                     "this changelog reader failed earlier and cannot go on; open a new reader after the last record applied. first error: {message}"
                 ),
-            ));
+            ).with_reason(crate::Reason::FailedEarlier));
         }
         let result = self.inner.next_batch(max_records);
         if let Err(e) = &result {

@@ -105,11 +105,7 @@ pub async fn init_and_open(url: &str, opts: RepositoryOptions) -> Repository {
         matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Config),
         "{e}"
     );
-    assert!(
-        e.message().contains("no statesnap repository at url="),
-        "{e}"
-    );
-    assert!(e.message().contains("statesnap init"), "{e}");
+    assert_eq!(e.reason(), Some(crate::Reason::NoRepository), "{e}");
     let repo = Repository::init(url, opts.clone()).await.expect("init");
     let e = Repository::init(url, opts.clone())
         .await
@@ -131,7 +127,7 @@ pub async fn init_and_open(url: &str, opts: RepositoryOptions) -> Repository {
         .expect("raw put");
     let e = sub.read_marker().await.expect_err("v2 marker");
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
-    assert!(e.message().contains("format_version=2 supported=1"), "{e}");
+    assert_eq!(e.reason(), Some(crate::Reason::UnsupportedVersion), "{e}");
     opened
 }
 
@@ -222,7 +218,7 @@ pub async fn large_blob_uses_multipart(repo: &Repository) {
     assert!(staging.is_empty(), "staging left behind: {staging:?}");
 }
 
-/// A flipped byte, a truncation or extra bytes are a corrupt error naming
+/// A flipped byte, a truncation or extra bytes are a corrupt error for
 /// the blob, whole or downloaded in ranges (16 KiB: seven ranges);
 /// nothing is left at the destination. Intact, the ranged download
 /// round-trips.
@@ -262,13 +258,6 @@ pub async fn corrupt_blob_is_detected(repo: &Repository) {
             .expect("raw overwrite");
         let e = repo.get_blob_bytes(&sk, &out.blob).await.expect_err(damage);
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{damage}: {e}");
-        assert!(e.message().contains(key.as_ref()), "{damage}: {e}");
-        if damage == "flipped" {
-            // Both hashes: the one expected and the one found.
-            for hash in [out.blob.hash, BlobHash::of(&flipped)] {
-                assert!(e.message().contains(&hash.to_hex()), "{e}");
-            }
-        }
         let e = repo
             .get_blob_to_file(&sk, &out.blob, &dest)
             .await
@@ -284,7 +273,6 @@ pub async fn corrupt_blob_is_detected(repo: &Repository) {
             .await
             .expect_err(damage);
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{damage}, in ranges: {e}");
-        assert!(e.message().contains(key.as_ref()), "{damage}: {e}");
         assert_eq!(
             std::fs::read_dir(dir.path()).expect("readdir").count(),
             0,
@@ -435,7 +423,7 @@ pub async fn commit_with_missing_reused_blob_fails(repo: &Repository) {
         .await
         .expect_err("commit");
     assert_eq!(e.kind(), ErrorKind::Stale, "{e}");
-    assert!(e.message().contains("retry the snapshot"), "{e}");
+    assert_eq!(e.reason(), Some(crate::Reason::GcRace), "{e}");
     assert!(
         repo.list_snapshots(&sk)
             .await

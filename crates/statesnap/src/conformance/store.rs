@@ -79,7 +79,7 @@ pub fn ensure_follows_refuses_other_lineages<S: StateStore>(s: &mut S) {
     let err = ensure_follows(s, &binding("app-s-changelog", "lineage-b"))
         .expect_err("a recreated changelog must be refused");
     assert_eq!(err.kind(), crate::ErrorKind::Stale, "{err}");
-    assert!(err.message().contains("lineage-b"), "{err}");
+    assert_eq!(err.reason(), Some(crate::Reason::OtherChangelog), "{err}");
     assert_eq!(s.get(b"k").expect("get").as_deref(), Some(&b"v"[..]));
 }
 

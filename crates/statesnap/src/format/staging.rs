@@ -68,7 +68,8 @@ pub fn normalize_target(target: &Path) -> Result<PathBuf> {
             "restore target has no name of its own path=`{}`; give the path of the store \
              directory itself (not `/`, `.` or a path ending in `..`)",
             target.display()
-        ))),
+        ))
+        .with_reason(crate::Reason::UnsafeTarget)),
     }
 }
 
@@ -86,7 +87,8 @@ pub(crate) fn check_adoptable(target: &Path) -> Result<bool> {
         Err(Error::config(format!(
             "refusing to replace restore target path=`{}`: {why}",
             target.display()
-        )))
+        ))
+        .with_reason(crate::Reason::UnsafeTarget))
     };
     if m.file_type().is_symlink() {
         return refuse(
@@ -158,7 +160,8 @@ pub(crate) fn check_replaceable(target: &Path) -> Result<()> {
          a statesnap store (no `{STORE_MARKER}` file); move its contents away, or adopt it with \
          RestoreOptions::replace_unmarked (CLI: --force)",
         target.display()
-    )))
+    ))
+    .with_reason(crate::Reason::UnmarkedTarget))
 }
 
 /// Paths in use by this process (live checkpoints, restores in flight):
@@ -377,6 +380,7 @@ pub(crate) fn split_target(target: &Path) -> Result<(PathBuf, String)> {
                 "restore target has no file name path=`{}`",
                 target.display()
             ))
+            .with_reason(crate::Reason::UnsafeTarget)
         })?;
     let parent = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

@@ -438,6 +438,7 @@ impl Repository {
                     "staged upload disappeared before it was moved into place (gc removes staging \
                      objects older than its grace period); retry from=`{staging}` to=`{key}`"
                 ))
+                .with_reason(crate::Reason::GcRace)
                 .with_source(e));
             }
             return Err(map_store_error(

@@ -73,7 +73,8 @@ impl Repository {
                 "snapshot commit took longer than its budget; retry the snapshot key=`{key}` \
                  elapsed_ms={} max_commit_ms={budget}",
                 now - t0
-            )));
+            ))
+            .with_reason(crate::Reason::GcRace));
         }
         for (hash, _) in &blobs {
             if let Some(&at) = condemned.get(hash)
@@ -82,7 +83,8 @@ impl Repository {
                 return Err(Error::stale(format!(
                     "blob is condemned by gc and will be deleted; retry the snapshot after the \
                          next gc run key=`{key}` blob=`{hash}` condemned_at={at}"
-                )));
+                ))
+                .with_reason(crate::Reason::GcRace));
             }
         }
         let body = manifest.encode()?;
@@ -102,6 +104,7 @@ impl Repository {
                         ErrorKind::AlreadyExists,
                         format!("snapshot manifest already exists key=`{key}`"),
                     )
+                    .with_reason(crate::Reason::AlreadyExists)
                     .with_source(err)
                 } else {
                     err
@@ -121,12 +124,12 @@ impl Repository {
             None => Err(Error::stale(format!(
                 "blob named by the snapshot is missing (a reused blob was garbage-collected?); retry \
                  the snapshot key=`{manifest_key}` blob=`{hash}`"
-            ))),
+            )).with_reason(crate::Reason::GcRace)),
             Some(info) if info.size != size => Err(Error::stale(format!(
                 "blob named by the snapshot has the wrong size; retry the snapshot \
                  key=`{manifest_key}` blob=`{hash}` expected_size={size} actual_size={}",
                 info.size
-            ))),
+            )).with_reason(crate::Reason::GcRace)),
             Some(_) => Ok(()),
         }
     }

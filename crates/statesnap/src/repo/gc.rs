@@ -181,7 +181,8 @@ async fn read_records(
                     "unsupported gc record format version: upgrade statesnap key=`{}` \
                      format_version={v} supported={GC_RECORD_FORMAT_VERSION}",
                     m.location
-                )));
+                ))
+                .with_reason(crate::Reason::UnsupportedVersion));
             }
             None => {
                 bad.push(m.location);

@@ -399,7 +399,8 @@ impl Manifest {
             return Err(Error::config(format!(
                 "unsupported manifest format version: upgrade statesnap key=`{key}` \
                  format_version={version} supported={MANIFEST_FORMAT_VERSION}"
-            )));
+            ))
+            .with_reason(crate::Reason::UnsupportedVersion));
         }
         let stored = obj
             .get("checksum")
@@ -429,7 +430,8 @@ impl Manifest {
                 "manifest requires features this statesnap does not understand: upgrade statesnap \
                  key=`{key}` unknown_features=`{}`",
                 unknown.join(",")
-            )));
+            ))
+            .with_reason(crate::Reason::UnsupportedVersion));
         }
         m.validate()
             .map_err(|e| Error::corrupt(format!("{} key=`{key}`", e.message())))?;

@@ -289,7 +289,8 @@ impl Repository {
                             "a statesnap repository already exists at url=`{}`; open it instead",
                             self.url
                         ),
-                    ))
+                    )
+                    .with_reason(crate::Reason::AlreadyExists))
                 } else {
                     Err(err)
                 }
@@ -334,7 +335,8 @@ impl Repository {
                     "unsupported repository format version: upgrade statesnap url=`{}` \
                      format_version={v} supported={REPOSITORY_FORMAT_VERSION}",
                     self.url
-                )));
+                ))
+                .with_reason(crate::Reason::UnsupportedVersion));
             }
             None => {
                 return Err(Error::corrupt(format!(
@@ -471,6 +473,7 @@ fn no_repository(url: &str) -> Error {
         "no statesnap repository at url=`{url}`; create one with `statesnap init --repo {url}` \
          (or `Repository::init`)"
     ))
+    .with_reason(crate::Reason::NoRepository)
 }
 
 /// How long the instance metadata endpoint gets to accept a connection

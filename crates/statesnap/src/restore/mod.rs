@@ -307,7 +307,8 @@ fn check_digest<S: StateStore>(store: &S, m: &Manifest) -> Result<()> {
             "restored store's contents differ from its snapshot's logical digest snapshot=`{}` \
              expected=`{expected}` actual=`{actual}`; the snapshot is not used",
             m.snapshot_id
-        )));
+        ))
+        .with_reason(crate::Reason::DigestMismatch));
     }
     Ok(())
 }
@@ -398,7 +399,8 @@ pub async fn open_snapshot<F: StoreFormat>(
             "the directory to open a snapshot in already exists path=`{}`; give a path that \
              does not exist (it is created)",
             dir.display()
-        )));
+        ))
+        .with_reason(crate::Reason::AlreadyExists));
     }
     let result = async {
         let (store, stats) = format

@@ -283,7 +283,7 @@ pub(crate) fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
         return Err(Error::config(format!(
             "snapshot follows another changelog snapshot=`{}` snapshot_changelog=`{}/{}` changelog=`{id}`",
             m.snapshot_id, m.changelog.topic, m.changelog.partition
-        )));
+        )).with_reason(crate::Reason::OtherChangelog));
     }
     let lineage = facts.lineage();
     if &m.changelog.lineage != lineage {
@@ -291,14 +291,16 @@ pub(crate) fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
             "snapshot belongs to an earlier incarnation of the changelog snapshot=`{}` \
              snapshot_lineage=`{}` changelog_lineage=`{lineage}`",
             m.snapshot_id, m.changelog.lineage
-        )));
+        ))
+        .with_reason(crate::Reason::LineageChanged));
     }
     let end = facts.end;
     if m.changelog.offset >= end {
         return Err(Error::stale(format!(
             "snapshot is ahead of the changelog snapshot=`{}` offset={} end_offset={end}",
             m.snapshot_id, m.changelog.offset
-        )));
+        ))
+        .with_reason(crate::Reason::AheadOfLog));
     }
     // Offsets the log lost and handed out again (invariant 11, epochs).
     if let Some((taken, now)) = m.changelog.lost_history(changelog)? {
@@ -307,14 +309,16 @@ pub(crate) fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
              handed their offsets out again snapshot=`{}` offset={} snapshot_epoch={taken} \
              changelog_epoch={now}; an older snapshot or a replay is used instead",
             m.snapshot_id, m.changelog.offset
-        )));
+        ))
+        .with_reason(crate::Reason::HistoryLost));
     }
     if let Err(horizon) = facts.can_resume_after(changelog, m.changelog.offset)? {
         return Err(Error::stale(format!(
             "snapshot is below the changelog's horizon: replaying after it could resurrect deleted \
              keys snapshot=`{}` offset={} tombstones_before={} deleted_before={}",
             m.snapshot_id, m.changelog.offset, horizon.tombstones_before, horizon.deleted_before
-        )));
+        ))
+        .with_reason(crate::Reason::BelowHorizon));
     }
     Ok(())
 }
@@ -338,7 +342,8 @@ fn check_point_in_time<C: Changelog + ?Sized>(
              removed records after it that a later write replaced until={u} \
              superseded_before={} tombstones_before={} deleted_before={}",
             h.superseded_before, h.tombstones_before, h.deleted_before
-        ))),
+        ))
+        .with_reason(crate::Reason::BelowHorizon)),
     }
 }
 
@@ -376,6 +381,7 @@ fn no_exact_source<C: Changelog + ?Sized>(
             exact.join(", ")
         }
     ))
+    .with_reason(crate::Reason::BelowHorizon)
 }
 
 /// Checks that the local store `info` can be kept: it follows this
@@ -400,7 +406,8 @@ fn check_local<C: Changelog + ?Sized>(
             return Err(Error::stale(format!(
                 "local store follows another changelog store_follows=`{b}` changelog=`{expected}`; \
                  it is replaced"
-            )));
+            ))
+            .with_reason(crate::Reason::OtherChangelog));
         }
         (None, None) => {
             return Err(Error::config(
@@ -411,7 +418,8 @@ fn check_local<C: Changelog + ?Sized>(
             return Err(Error::stale(format!(
                 "local store has applied records but records no changelog binding \
                  applied_offset={o}; its offset cannot be trusted: it is replaced"
-            )));
+            ))
+            .with_reason(crate::Reason::Unbound));
         }
     }
     let Some(a) = info.applied_offset else {
@@ -424,7 +432,8 @@ fn check_local<C: Changelog + ?Sized>(
             "local store is ahead of its changelog applied_offset={a} end_offset={}; the log \
              lost records the store applied: it is replaced",
             facts.end
-        )));
+        ))
+        .with_reason(crate::Reason::AheadOfLog));
     }
     if let Some(u) = until
         && a > u
@@ -432,14 +441,16 @@ fn check_local<C: Changelog + ?Sized>(
         return Err(Error::stale(format!(
             "local store is past the point in time applied_offset={a} until={u}; a store cannot \
              go back: it is replaced"
-        )));
+        ))
+        .with_reason(crate::Reason::PastPoint));
     }
     if let Err(horizon) = facts.can_resume_after(changelog, a)? {
         return Err(Error::stale(format!(
             "local store is below the changelog's horizon applied_offset={a} \
              tombstones_before={} deleted_before={}; it is replaced",
             horizon.tombstones_before, horizon.deleted_before
-        )));
+        ))
+        .with_reason(crate::Reason::BelowHorizon));
     }
     Ok(())
 }
@@ -542,7 +553,8 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
              newest state",
             facts.id(),
             facts.end
-        )));
+        ))
+        .with_reason(crate::Reason::PastEnd));
     }
     let mut rejected = Vec::new();
     let mut local = None;

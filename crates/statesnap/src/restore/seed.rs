@@ -69,7 +69,8 @@ pub async fn seed_store<F: StoreFormat, C: Changelog + ?Sized>(
             "the target changelog already holds records changelog=`{}` end_offset={end}; seeding \
              appends the whole state and needs an empty changelog (a new topic or directory)",
             changelog.id()
-        )));
+        ))
+        .with_reason(crate::Reason::AlreadyExists));
     }
     if let Some(existing) = repo.latest(to).await? {
         return Err(Error::new(
@@ -79,14 +80,16 @@ pub async fn seed_store<F: StoreFormat, C: Changelog + ?Sized>(
                  store that has none",
                 existing.id()
             ),
-        ));
+        )
+        .with_reason(crate::Reason::AlreadyExists));
     }
     let source = repo.snapshot_or_latest(from, snapshot).await?;
     if std::fs::symlink_metadata(scratch).is_ok() {
         return Err(Error::config(format!(
             "the scratch directory already exists path=`{}`; give a path that does not exist",
             scratch.display()
-        )));
+        ))
+        .with_reason(crate::Reason::AlreadyExists));
     }
     std::fs::create_dir_all(scratch).map_err(|e| {
         Error::io(
@@ -152,7 +155,8 @@ async fn seed_in<F: StoreFormat, C: Changelog + ?Sized>(
         return Err(Error::corrupt(format!(
             "the store rebuilt from the seeded changelog differs from the snapshot \
              expected={digest} actual={actual}; nothing was committed"
-        )));
+        ))
+        .with_reason(crate::Reason::DigestMismatch));
     }
     let cut = format.capture(&rebuilt)?;
     let manifest = commit_snapshot(format, cut, repo, to, changelog, None).await?;

@@ -505,7 +505,8 @@ impl<F: StoreFormat, C: Changelog> StateHandle<F, C> {
                 "this handle was opened at a point in time and is read-only store_key=`{}` \
                  at_offset={o}; open it without at_offset to write",
                 self.shared.key
-            ))),
+            ))
+            .with_reason(crate::Reason::ReadOnly)),
             None => Ok(()),
         }
     }

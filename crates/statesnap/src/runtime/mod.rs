@@ -482,7 +482,8 @@ impl StateManager {
             return Err(Error::config(format!(
                 "store is already open in this manager store_key=`{key}`; close or abandon its \
                  handle first"
-            )));
+            ))
+            .with_reason(crate::Reason::InUse));
         }
         open.insert(key.clone(), shared);
         Ok(())
@@ -502,7 +503,8 @@ impl StateManager {
                  dir=`{}` store_key=`{key}` used_by=`{other}`; give each store partition a \
                  directory of its own (e.g. include the partition in the path)",
                 canonical.display()
-            )));
+            ))
+            .with_reason(crate::Reason::InUse));
         }
         dirs.insert(canonical.to_path_buf(), key.clone());
         Ok(())

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::lock;
 use super::policy::{self, SnapshotPolicy, Trigger};
 use crate::changelog::Changelog;
-use crate::error::Result;
+use crate::error::{ErrorKind, Result};
 use crate::repo::{Manifest, SnapshotId, StoreKey};
 use crate::restore::Rates;
 
@@ -80,6 +80,7 @@ pub(super) struct SnapState {
     pub(super) retry_at_ms: Option<i64>,
     pub(super) consecutive_failures: u32,
     pub(super) last_error: Option<String>,
+    pub(super) last_error_kind: Option<ErrorKind>,
     pub(super) last_trigger: Option<Trigger>,
     pub(super) last_duration: Option<Duration>,
     pub(super) taken: u64,
@@ -143,6 +144,7 @@ impl Shared {
             last_trigger: st.last_trigger,
             last_snapshot_duration: st.last_duration,
             last_error: st.last_error.clone(),
+            last_error_kind: st.last_error_kind,
         }
     }
 
@@ -172,6 +174,7 @@ impl Shared {
                 st.consecutive_failures = 0;
                 st.retry_at_ms = None;
                 st.last_error = None;
+                st.last_error_kind = None;
                 // A snapshot finishing after a newer one (a handoff raced a
                 // background one) does not move the parent back.
                 if st
@@ -192,6 +195,7 @@ impl Shared {
                     now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
                 );
                 st.last_error = Some(e.to_string());
+                st.last_error_kind = Some(e.kind());
                 tracing::warn!(
                     store_key = %self.key,
                     error = %e,
@@ -252,4 +256,6 @@ pub struct StoreStatus {
     pub last_snapshot_duration: Option<Duration>,
     /// The last failure, until a snapshot succeeds.
     pub last_error: Option<String>,
+    /// Its kind (what to do about it), until a snapshot succeeds.
+    pub last_error_kind: Option<ErrorKind>,
 }

@@ -83,14 +83,16 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
             return Err(Error::stale(format!(
                 "the cut follows another changelog than the one given store_key=`{store_key}` \
                  cut_follows=`{b}` changelog=`{binding}`; snapshot a store with its own changelog"
-            )));
+            ))
+            .with_reason(crate::Reason::OtherChangelog));
         }
         None => {
             return Err(Error::stale(format!(
                 "the cut's store records no changelog binding store_key=`{store_key}` \
                  changelog=`{binding}`; open the store through LoggedStore (or bind it with \
                  store::ensure_follows before its first write) so its offset can be trusted"
-            )));
+            ))
+            .with_reason(crate::Reason::Unbound));
         }
     }
     let end = changelog.end_offset()?;
@@ -98,7 +100,8 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
         return Err(Error::stale(format!(
             "the cut is ahead of its changelog store_key=`{store_key}` changelog=`{binding}` \
              cut_offset={offset} end_offset={end}; the store does not follow this changelog"
-        )));
+        ))
+        .with_reason(crate::Reason::AheadOfLog));
     }
     let fid = format.id();
     // A parent in history the log lost is no base for this cut (its data
@@ -166,7 +169,8 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
             "the changelog was recreated while the snapshot was written store_key=`{store_key}` \
              changelog=`{}` lineage_before=`{}` lineage_now=`{now}`; nothing was committed",
             binding.changelog, binding.lineage
-        )));
+        ))
+        .with_reason(crate::Reason::LineageChanged));
     }
     // The epoch is read after the flush: the records up to `offset` are
     // durable in the history it names.

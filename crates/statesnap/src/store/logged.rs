@@ -67,7 +67,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
                 "store is ahead of its changelog changelog=`{}` applied_offset={a} end_offset={end}; \
                      the changelog lost records the store applied — delete the store and restore or replay it",
                 changelog.id()
-            )));
+            )).with_reason(crate::Reason::AheadOfLog));
         }
         Ok(LoggedStore {
             store,
@@ -91,7 +91,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
         progress: &mut dyn FnMut(&ReplayProgress),
     ) -> Result<ReplayReport> {
         if let Some(msg) = &self.broken {
-            return Err(Error::stale(msg.clone()));
+            return Err(Error::stale(msg.clone()).with_reason(crate::Reason::HistoryLost));
         }
         let report = replay(&mut self.store, &self.changelog, options, progress)?;
         self.behind = false;
@@ -224,7 +224,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
                 self.changelog.id()
             );
             self.broken = Some(msg.clone());
-            return Err(Error::stale(msg));
+            return Err(Error::stale(msg).with_reason(crate::Reason::HistoryLost));
         }
         if first_offset > expected {
             // Records between the store's offset and this batch: another
@@ -269,13 +269,13 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
 
     fn check_not_behind(&self) -> Result<()> {
         if let Some(msg) = &self.broken {
-            return Err(Error::stale(msg.clone()));
+            return Err(Error::stale(msg.clone()).with_reason(crate::Reason::HistoryLost));
         }
         if self.behind {
             return Err(Error::stale(format!(
                 "store missed a committed batch after a store write failed changelog=`{}`; call catch_up() first",
                 self.changelog.id()
-            )));
+            )).with_reason(crate::Reason::Behind));
         }
         Ok(())
     }

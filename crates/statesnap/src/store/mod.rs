@@ -129,14 +129,16 @@ pub fn ensure_follows<S: StateStore + ?Sized>(
             "store follows another changelog store_follows=`{b}` changelog=`{expected}`; the \
              changelog was recreated or the store belongs elsewhere: delete the store and restore \
              it (restore_store replaces it) or rebuild it by full replay"
-        ))),
+        ))
+        .with_reason(crate::Reason::OtherChangelog)),
         None => match store.applied_offset()? {
             None => store.bind(expected),
             Some(o) => Err(Error::stale(format!(
                 "store has applied records but does not record which changelog it follows \
                  applied_offset={o} changelog=`{expected}`; its offset cannot be trusted against \
                  this log: delete the store and restore it or rebuild it by full replay"
-            ))),
+            ))
+            .with_reason(crate::Reason::Unbound)),
         },
     }
 }
@@ -151,7 +153,8 @@ pub fn check_rebind(current: Option<&ChangelogBinding>, new: &ChangelogBinding) 
         Some(c) => Err(Error::stale(format!(
             "store is already bound to another changelog store_follows=`{c}` requested=`{new}`; a \
              store follows one changelog incarnation for life: use a new store"
-        ))),
+        ))
+        .with_reason(crate::Reason::OtherChangelog)),
     }
 }
 

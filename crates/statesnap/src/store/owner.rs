@@ -120,7 +120,8 @@ impl DirLock {
                         dir.display(),
                         path.display(),
                         holder.escape_debug()
-                    )));
+                    ))
+                    .with_reason(crate::Reason::InUse));
                 }
                 Err(std::fs::TryLockError::Error(e)) => return Err(io("lock", e)),
             }
@@ -144,7 +145,8 @@ impl DirLock {
             "store directory changed owners {MAX_ATTEMPTS} times while this open waited dir=`{}`; \
              retry",
             dir.display()
-        )))
+        ))
+        .with_reason(crate::Reason::InUse))
     }
 }
 

@@ -129,7 +129,8 @@ where
             "store is past the requested offset changelog=`{}` applied_offset={a} until={u}; \
              a store cannot go back: restore into another directory",
             changelog.id()
-        )));
+        ))
+        .with_reason(crate::Reason::PastPoint));
     }
     // Replay reads [from, end): `until` is the last offset to apply.
     let stop = until.map(|u| u.saturating_add(1));
@@ -141,7 +142,7 @@ where
              the changelog was recreated or truncated — delete the store and replay from scratch",
             changelog.id(),
             applied.unwrap_or(0),
-        )));
+        )).with_reason(crate::Reason::AheadOfLog));
     }
     let mut report = ReplayReport {
         from_offset: from,
@@ -166,7 +167,7 @@ where
             changelog.id(),
             horizon.tombstones_before,
             horizon.deleted_before,
-        )));
+        )).with_reason(crate::Reason::BelowHorizon));
     }
     // A replay that stops before the log's end needs the records compaction
     // drops in favour of later writes (a point in time).
@@ -239,7 +240,7 @@ where
             changelog.id(),
             after.tombstones_before,
             after.deleted_before,
-        )));
+        )).with_reason(crate::Reason::BelowHorizon));
     }
     // The reader read everything below its end. The last offsets may hold
     // nothing it hands out (lineage markers, records compaction removed);
@@ -278,7 +279,8 @@ fn check_exact_as_of<C: Changelog + ?Sized>(
         changelog.id(),
         horizon.superseded_before,
         horizon.superseded_before.saturating_sub(1),
-    )))
+    ))
+    .with_reason(crate::Reason::BelowHorizon))
 }
 
 /// A batch [`feed`] read, ready to apply.

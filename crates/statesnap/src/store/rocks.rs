@@ -133,16 +133,22 @@ pub(crate) fn rocks_error(what: &str, path: &Path, err: rocksdb::Error) -> Error
         K::IOError if err.as_ref().contains("lock") => ErrorKind::Transient,
         _ => ErrorKind::Io,
     };
-    let hint = if err.as_ref().contains("lock") {
+    let locked = err.as_ref().contains("lock");
+    let hint = if locked {
         " (is another process or handle using this store?)"
     } else {
         ""
     };
-    Error::new(
+    let e = Error::new(
         kind,
         format!("rocksdb {what} failed path=`{}`{hint}", path.display()),
     )
-    .with_source(err)
+    .with_source(err);
+    if locked {
+        e.with_reason(crate::Reason::InUse)
+    } else {
+        e
+    }
 }
 
 impl RocksStore {
@@ -480,6 +486,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let _a = RocksStore::open(dir.path(), &RocksOptions::default()).unwrap();
         let err = RocksStore::open(dir.path(), &RocksOptions::default()).unwrap_err();
-        assert!(err.to_string().contains("another process"), "{err}");
+        assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+        assert_eq!(err.reason(), Some(crate::Reason::InUse), "{err}");
     }
 }

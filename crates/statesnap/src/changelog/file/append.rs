@@ -101,7 +101,8 @@ impl FileChangelog {
                     self.dir.display()
                 ),
                 std::io::Error::other(why.clone()),
-            ));
+            )
+            .with_reason(crate::Reason::FailedEarlier));
         }
         for r in batch {
             codec::check_record_size(r.key.len(), r.value.as_ref().map_or(0, |v| v.len()))?;
@@ -256,7 +257,8 @@ impl FileChangelog {
                     self.dir.display()
                 ),
                 std::io::Error::other("poisoned"),
-            ));
+            )
+            .with_reason(crate::Reason::FailedEarlier));
         }
         let active = if w.dirty {
             let f = w

@@ -80,13 +80,15 @@ impl SegmentHeader {
             return Err(Error::config(format!(
                 "unsupported changelog segment format version path=`{p}` found=`{version}` \
                  supported=`{SEGMENT_VERSION}`"
-            )));
+            ))
+            .with_reason(crate::Reason::UnsupportedVersion));
         }
         let flags = u16::from_le_bytes([buf[10], buf[11]]);
         if flags != 0 {
             return Err(Error::config(format!(
                 "unsupported changelog segment flags path=`{p}` flags=`{flags:#06x}`"
-            )));
+            ))
+            .with_reason(crate::Reason::UnsupportedVersion));
         }
         let prev = u64_at(buf, 20);
         Ok(SegmentHeader {

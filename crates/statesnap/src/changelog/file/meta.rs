@@ -152,7 +152,8 @@ pub(crate) fn read(dir: &Path) -> Result<Option<Meta>> {
              supported=`{META_MIN_VERSION}..={META_VERSION}`; a newer statesnap wrote this log",
             path.display(),
             version.format_version,
-        )));
+        ))
+        .with_reason(crate::Reason::UnsupportedVersion));
     }
     let meta: Meta = serde_json::from_slice(&bytes).map_err(|e| {
         Error::corrupt(format!(

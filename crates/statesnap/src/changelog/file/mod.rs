@@ -199,7 +199,8 @@ impl FileChangelog {
                 "cannot {what} a changelog opened read-only path=`{}`; open it with \
                  FileChangelog::open (one writer at a time)",
                 self.dir.display()
-            )));
+            ))
+            .with_reason(crate::Reason::ReadOnly));
         }
         Ok(())
     }

@@ -116,7 +116,8 @@ impl FileChangelog {
                      and retry, or open this one with FileChangelog::open_read_only to read",
                     dir.display(),
                     holder.escape_debug()
-                )));
+                ))
+                .with_reason(crate::Reason::InUse));
             }
             Err(std::fs::TryLockError::Error(e)) => {
                 return Err(io_err("lock changelog directory", &lock_path, e));
@@ -305,7 +306,8 @@ fn read_or_create_meta(
                     "changelog directory belongs to another changelog path=`{}` \
                      expected=`{id}` found=`{found}`",
                     dir.display()
-                )));
+                ))
+                .with_reason(crate::Reason::OtherChangelog));
             }
             m
         }

@@ -302,7 +302,8 @@ impl KafkaChangelog {
                  changelog=`{}` bootstrap_servers=`{}` {why}; one writer per partition — this \
                  instance no longer owns it (close it; reopen only if it is assigned again)",
                 self.id, self.at.bootstrap
-            ))),
+            ))
+            .with_reason(crate::Reason::Fenced)),
             None => Ok(()),
         }
     }
@@ -437,7 +438,7 @@ pub(super) fn check_acknowledged(changelog: &str, acked_to: u64, offsets: &[u64]
              store from what the log holds",
             offsets.last(),
             acked_to.saturating_sub(1)
-        ))),
+        )).with_reason(crate::Reason::HistoryLost)),
         _ => Ok(()),
     }
 }
@@ -456,7 +457,8 @@ pub(super) fn check_log_holds_acknowledged(changelog: &str, acked_to: u64, hi: u
              topic was recreated: stop writing, check the broker, and rebuild the store from what \
              the log holds",
             acked_to.saturating_sub(1)
-        )));
+        ))
+        .with_reason(crate::Reason::HistoryLost));
     }
     Ok(())
 }

@@ -223,6 +223,7 @@ impl KafkaReader {
                  restore from a newer snapshot, or rebuild if none is usable",
                 self.at.id, self.at.bootstrap, self.next, self.end
             ))
+            .with_reason(crate::Reason::BelowHorizon)
             .with_source(e));
         }
         if self.stopped() {

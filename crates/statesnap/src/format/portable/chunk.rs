@@ -313,7 +313,7 @@ pub fn decode_header(bytes: &[u8]) -> Result<ChunkHeader> {
     if version != VERSION {
         return Err(Error::config(format!(
             "unsupported portable chunk version: upgrade statesnap version={version} supported={VERSION}"
-        )));
+        )).with_reason(crate::Reason::UnsupportedVersion));
     }
     let flags = le_u16(bytes, 6);
     if flags != 0 {

@@ -93,7 +93,8 @@ impl PortableMetadata {
                  chunk_version={} supported={}",
                 meta.chunk_version,
                 chunk::VERSION
-            )));
+            ))
+            .with_reason(crate::Reason::UnsupportedVersion));
         }
         let bad = |why: &str| {
             Error::corrupt(format!(
