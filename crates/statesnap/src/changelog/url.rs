@@ -214,19 +214,6 @@ mod tests {
         ] {
             let e = bad.parse::<ChangelogUrl>().unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::Config, "{bad}");
-            assert!(e.to_string().contains("file://DIR"), "{e}");
         }
-    }
-
-    #[test]
-    fn a_bad_url_lists_every_scheme() {
-        let e = "s3://b/x".parse::<ChangelogUrl>().unwrap_err();
-        assert!(
-            e.to_string().contains(
-                "bad changelog url url=`s3://b/x`: unknown scheme; use file://DIR or \
-                 kafka://HOST:PORT/TOPIC/PARTITION"
-            ),
-            "{e}"
-        );
     }
 }

@@ -520,10 +520,6 @@ mod tests {
         v[second + FRAME_HEADER_LEN] ^= 0xff; // the key byte of record 1
         let err = decode_segment(&v).expect_err("mid-log corruption");
         assert_eq!(err.kind(), crate::ErrorKind::Corrupt);
-        assert!(
-            err.message().contains(&format!("file_offset=`{second}`")),
-            "{err}"
-        );
     }
 
     #[test]

@@ -467,7 +467,6 @@ mod tests {
                 .validate()
                 .expect_err(k);
             assert_eq!(err.kind(), ErrorKind::Config, "{k}");
-            assert!(err.to_string().contains(k), "{err}");
         }
         KafkaOptions::new("b:9092")
             .property("acks", "all")
