@@ -595,7 +595,8 @@ async fn write_step(
         let (repo, sk) = (&repo, &sk);
         async move {
             Ok::<_, Error>(
-                repo.head_blob(sk, &hash)
+                repo.blobs()
+                    .head_blob(sk, &hash)
                     .await?
                     .is_some_and(|i| i.size == size),
             )
@@ -612,7 +613,7 @@ async fn write_step(
             if bytes.len() as u64 == size {
                 Done::Inline(bytes)
             } else {
-                Done::Stored(repo.put_blob_file(&sk, &local).await?)
+                Done::Stored(repo.blobs().put_blob_file(&sk, &local).await?)
             }
         }
         Plan::Reuse(e) if stored(e.blake3).await? => Done::Reused(e),
@@ -631,8 +632,10 @@ async fn write_step(
         }
         // An SST is never written again once RocksDB finished it: a local
         // repository may link it (`TransferOptions::link_immutable_files`).
-        _ if is_immutable(&name) => Done::Stored(repo.put_immutable_file(&sk, &local).await?),
-        _ => Done::Stored(repo.put_blob_file(&sk, &local).await?),
+        _ if is_immutable(&name) => {
+            Done::Stored(repo.blobs().put_immutable_file(&sk, &local).await?)
+        }
+        _ => Done::Stored(repo.blobs().put_blob_file(&sk, &local).await?),
     };
     Ok((name, done))
 }
@@ -1107,7 +1110,8 @@ async fn download_one(
     dest: PathBuf,
     sync: bool,
 ) -> Result<()> {
-    repo.get_blob_to_file_with(sk, &BlobRef::from(&f), &dest, sync)
+    repo.blobs()
+        .get_blob_to_file_with(sk, &BlobRef::from(&f), &dest, sync)
         .await
         .map_err(|e| {
             Error::new(

@@ -28,7 +28,7 @@ use std::time::Duration;
 use super::catalog::UnreadableManifest;
 use super::paths::{self, BlobHash, ParsedKey, SnapshotId, StoreKey};
 use super::retention::{self, RetentionPolicy};
-use super::{Repository, map_store_error};
+use super::{Maintenance, Repository, map_store_error};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Format version of condemnation records.
@@ -221,20 +221,20 @@ fn encode_record(r: &CondemnationRecord) -> Result<PutPayload> {
         .map_err(|e| Error::internal("cannot serialize gc record").with_source(e))
 }
 
-impl Repository {
+impl<'a> Maintenance<'a> {
     /// Runs gc on every store of the repository.
-    pub async fn gc(&self, opts: &GcOptions) -> Result<Vec<GcReport>> {
+    pub async fn gc(self, opts: &GcOptions) -> Result<Vec<GcReport>> {
         let mut out = Vec::new();
-        for sk in self.list_stores().await? {
+        for sk in self.repo.catalog().list_stores().await? {
             out.push(self.gc_store(&sk, opts).await?);
         }
         Ok(out)
     }
 
     /// Runs one gc pass (retention, sweep of ripe records, mark) on `sk`.
-    pub async fn gc_store(&self, sk: &StoreKey, opts: &GcOptions) -> Result<GcReport> {
+    pub async fn gc_store(self, sk: &StoreKey, opts: &GcOptions) -> Result<GcReport> {
         let grace = ms(opts.grace);
-        let budget = ms(self.max_commit_duration);
+        let budget = ms(self.repo.max_commit_duration);
         if grace <= 0 || budget.saturating_mul(2) > grace {
             return Err(Error::config(format!(
                 "gc grace period must be positive and at least twice the commit budget grace_ms={grace} \
@@ -242,11 +242,11 @@ impl Repository {
             )));
         }
         let mut pass = GcPass {
-            repo: self,
+            repo: self.repo,
             sk,
             grace,
             dry: opts.dry_run,
-            t_start: self.clock.now_ms(),
+            t_start: self.repo.clock.now_ms(),
             report: GcReport {
                 store_key: Some(sk.clone()),
                 dry_run: opts.dry_run,
@@ -278,12 +278,12 @@ impl Repository {
     /// kind. So from the first generic error on, the remaining keys are
     /// deleted one at a time, as before bulk deletes: every key is then
     /// deleted or reported, with the error a single delete gives.
-    async fn delete_all_ignoring_missing(&self, keys: Vec<Path>) -> Result<()> {
+    async fn delete_all_ignoring_missing(self, keys: Vec<Path>) -> Result<()> {
         if keys.is_empty() {
             return Ok(());
         }
         let requests = futures::stream::iter(keys.clone().into_iter().map(Ok)).boxed();
-        let mut results = self.store.delete_stream(requests);
+        let mut results = self.repo.store.delete_stream(requests);
         let mut n = 0;
         while let Some(res) = results.next().await {
             match res {
@@ -302,8 +302,8 @@ impl Repository {
         Ok(())
     }
 
-    async fn delete_ignoring_missing(&self, key: &Path) -> Result<()> {
-        match self.store.delete(key).await {
+    async fn delete_ignoring_missing(self, key: &Path) -> Result<()> {
+        match self.repo.store.delete(key).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(map_store_error(e, &format!("cannot delete key=`{key}`"))),
         }
@@ -388,7 +388,10 @@ impl GcPass<'_> {
         }
         self.report.records_dropped += bad.len();
         if !self.dry {
-            self.repo.delete_all_ignoring_missing(bad).await?;
+            self.repo
+                .maintenance()
+                .delete_all_ignoring_missing(bad)
+                .await?;
         }
         Ok(records)
     }
@@ -398,7 +401,7 @@ impl GcPass<'_> {
     /// blob: stop.
     async fn list_manifests(&mut self) -> Result<(i64, super::Listing)> {
         let t_list = self.repo.clock.now_ms();
-        let listing = self.repo.list_snapshots(self.sk).await?;
+        let listing = self.repo.catalog().list_snapshots(self.sk).await?;
         if let Some(u) = listing
             .unreadable
             .iter()
@@ -434,6 +437,7 @@ impl GcPass<'_> {
             if !self.dry {
                 let keys = dropped.iter().map(|s| Path::from(s.key.as_str()));
                 self.repo
+                    .maintenance()
                     .delete_all_ignoring_missing(keys.collect())
                     .await?;
             }
@@ -485,11 +489,17 @@ impl GcPass<'_> {
         }
         if !self.dry {
             let blobs = swept.iter().map(|h| paths::blob(self.sk, h)).collect();
-            self.repo.delete_all_ignoring_missing(blobs).await?;
+            self.repo
+                .maintenance()
+                .delete_all_ignoring_missing(blobs)
+                .await?;
             // Only after their blobs are gone (a writer that finds no
             // record must then find the blob missing); a failed blob
             // delete above keeps every record.
-            self.repo.delete_all_ignoring_missing(ripe_records).await?;
+            self.repo
+                .maintenance()
+                .delete_all_ignoring_missing(ripe_records)
+                .await?;
         }
         Ok((pending, swept))
     }
@@ -572,7 +582,10 @@ impl GcPass<'_> {
     async fn delete_staging(&mut self, staging: Vec<Path>) -> Result<()> {
         self.report.staging_deleted += staging.len();
         if !self.dry {
-            self.repo.delete_all_ignoring_missing(staging).await?;
+            self.repo
+                .maintenance()
+                .delete_all_ignoring_missing(staging)
+                .await?;
         }
         Ok(())
     }

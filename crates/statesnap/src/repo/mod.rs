@@ -28,6 +28,7 @@ pub mod commit;
 pub mod faulty;
 pub mod gc;
 pub mod limit;
+pub mod maintenance;
 pub mod manifest;
 pub mod paths;
 pub mod retention;
@@ -43,12 +44,13 @@ use std::time::Duration;
 use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, ErrorKind, Result};
 
-pub use blob::{BlobRef, PutOutcome, RestoreSync, TransferOptions};
-pub use catalog::{Listing, SnapshotInfo, StoreSummary, UnreadableManifest};
+pub use blob::{BlobRef, Blobs, PutOutcome, RestoreSync, TransferOptions};
+pub use catalog::{Catalog, Listing, SnapshotInfo, StoreSummary, UnreadableManifest};
 pub use clone::CloneReport;
 pub use commit::SnapshotWriter;
 pub use gc::{GcOptions, GcReport};
 pub use limit::BandwidthLimit;
+pub use maintenance::Maintenance;
 pub(crate) use manifest::ManifestExtras;
 pub use manifest::{
     ChangelogPosition, FEATURE_INLINE_FILES, FileEntry, InlineFile, MAX_INLINE_FILE,
@@ -354,6 +356,21 @@ impl Repository {
 
     fn no_repository(&self) -> Error {
         no_repository(&self.url)
+    }
+
+    /// The catalog: stores and snapshots, their manifests.
+    pub fn catalog(&self) -> Catalog<'_> {
+        Catalog { repo: self }
+    }
+
+    /// Blob I/O: put, get and head of blobs, transfers of many at once.
+    pub fn blobs(&self) -> Blobs<'_> {
+        Blobs { repo: self }
+    }
+
+    /// Maintenance: gc and retention, verification, clones.
+    pub fn maintenance(&self) -> Maintenance<'_> {
+        Maintenance { repo: self }
     }
 
     /// Builds the object store for `url` without touching the marker.

@@ -71,7 +71,7 @@ pub async fn seed_store<F: StoreFormat, C: Changelog + ?Sized>(
             changelog.id()
         )));
     }
-    if let Some(existing) = repo.latest(to).await? {
+    if let Some(existing) = repo.catalog().latest(to).await? {
         return Err(Error::new(
             ErrorKind::AlreadyExists,
             format!(
@@ -81,7 +81,7 @@ pub async fn seed_store<F: StoreFormat, C: Changelog + ?Sized>(
             ),
         ));
     }
-    let source = repo.snapshot_or_latest(from, snapshot).await?;
+    let source = repo.catalog().snapshot_or_latest(from, snapshot).await?;
     if std::fs::symlink_metadata(scratch).is_ok() {
         return Err(Error::config(format!(
             "the scratch directory already exists path=`{}`; give a path that does not exist",

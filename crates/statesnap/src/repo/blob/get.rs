@@ -6,22 +6,23 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use std::path::PathBuf;
 
+use super::Blobs;
 use super::reader::{BlobReader, LocalFile};
 use super::{BlobRef, blocking_io, ranged};
 use crate::error::{Error, Result};
+use crate::repo::map_store_error;
 use crate::repo::paths::{self, StoreKey};
-use crate::repo::{Repository, map_store_error};
 
-impl Repository {
+impl<'a> Blobs<'a> {
     /// `get` of blob `key` (whole or a range, per `opts`): missing is
     /// not-found, a stored size other than the blob's is corrupt.
     async fn get_sized(
-        &self,
+        self,
         key: &Path,
         blob: &BlobRef,
         opts: object_store::GetOptions,
     ) -> Result<object_store::GetResult> {
-        let res = self.store.get_opts(key, opts).await.map_err(|e| {
+        let res = self.repo.store.get_opts(key, opts).await.map_err(|e| {
             if matches!(e, object_store::Error::NotFound { .. }) {
                 Error::not_found(format!("blob is missing key=`{key}`")).with_source(e)
             } else {
@@ -38,7 +39,7 @@ impl Repository {
     }
 
     /// Opens blob `blob` for verified streaming reads.
-    pub async fn open_blob(&self, sk: &StoreKey, blob: &BlobRef) -> Result<BlobReader> {
+    pub async fn open_blob(self, sk: &StoreKey, blob: &BlobRef) -> Result<BlobReader> {
         let key = paths::blob(sk, &blob.hash);
         self.open_range(key, blob, 0..blob.size).await
     }
@@ -47,7 +48,7 @@ impl Repository {
     /// ends by checking its hash; a part ends with its BLAKE3 subtree hash
     /// ([`BlobReader::range_hash`]) for the caller to merge.
     async fn open_range(
-        &self,
+        self,
         key: Path,
         blob: &BlobRef,
         range: std::ops::Range<u64>,
@@ -73,8 +74,8 @@ impl Repository {
             object_store::GetResultPayload::Stream(s) => (s, None),
         };
         Ok(BlobReader {
-            limit: self.limit.clone(),
-            counter: self.read_counter.clone(),
+            limit: self.repo.limit.clone(),
+            counter: self.repo.read_counter.clone(),
             key,
             expected: *blob,
             range,
@@ -88,7 +89,7 @@ impl Repository {
     }
 
     /// Reads a blob into memory, verifying size and hash.
-    pub async fn get_blob_bytes(&self, sk: &StoreKey, blob: &BlobRef) -> Result<Bytes> {
+    pub async fn get_blob_bytes(self, sk: &StoreKey, blob: &BlobRef) -> Result<Bytes> {
         let cap = usize::try_from(blob.size).unwrap_or(0).min(64 << 20);
         let mut out = BytesMut::with_capacity(cap);
         let mut r = self.open_blob(sk, blob).await?;
@@ -102,7 +103,7 @@ impl Repository {
     /// The bytes go to a temporary file next to `dest`, which is fsynced and
     /// renamed into place only once verified; on any failure it is removed.
     pub async fn get_blob_to_file(
-        &self,
+        self,
         sk: &StoreKey,
         blob: &BlobRef,
         dest: &std::path::Path,
@@ -114,7 +115,7 @@ impl Repository {
     /// the caller when `sync` is false (a restore that syncs its files in
     /// the background, see [`RestoreSync`](super::RestoreSync)).
     pub(crate) async fn get_blob_to_file_with(
-        &self,
+        self,
         sk: &StoreKey,
         blob: &BlobRef,
         dest: &std::path::Path,
@@ -134,7 +135,7 @@ impl Repository {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let tmp = parent.join(format!(".{name}.partial-{}", self.new_ulid()));
+        let tmp = parent.join(format!(".{name}.partial-{}", self.repo.new_ulid()));
         let res = self.download_to(sk, blob, &tmp, sync).await;
         match res {
             Ok(()) => tokio::fs::rename(&tmp, dest).await.map_err(|e| {
@@ -154,13 +155,13 @@ impl Repository {
     }
 
     async fn download_to(
-        &self,
+        self,
         sk: &StoreKey,
         blob: &BlobRef,
         tmp: &std::path::Path,
         sync: bool,
     ) -> Result<()> {
-        if let Some(ranges) = self.transfer.download_ranges(blob.size) {
+        if let Some(ranges) = self.repo.transfer.download_ranges(blob.size) {
             return self.download_ranged(sk, blob, tmp, ranges, sync).await;
         }
         let mut r = self.open_blob(sk, blob).await?;
@@ -184,7 +185,7 @@ impl Repository {
     /// the subtree hashes are merged and compared with the blob's at the
     /// end (before the fsync, which only verified bytes get).
     async fn download_ranged(
-        &self,
+        self,
         sk: &StoreKey,
         blob: &BlobRef,
         tmp: &std::path::Path,
@@ -205,7 +206,7 @@ impl Repository {
         // `buffered` keeps the ranges' order: the merge needs it.
         let cvs: Vec<blake3::hazmat::ChainingValue> = futures::stream::iter(ranges)
             .map(|range| self.fetch_range(&key, blob, tmp, &file, range, sync))
-            .buffered(self.transfer.parallelism.max(1))
+            .buffered(self.repo.transfer.parallelism.max(1))
             .try_collect()
             .await?;
         let actual = ranged::merge(&cvs).ok_or_else(|| {
@@ -226,7 +227,7 @@ impl Repository {
     /// One range of a ranged download: fetched, written at its offset, and
     /// hashed as the BLAKE3 subtree it is.
     async fn fetch_range(
-        &self,
+        self,
         key: &Path,
         blob: &BlobRef,
         tmp: &std::path::Path,
@@ -254,11 +255,11 @@ impl Repository {
 
     /// Downloads many blobs with bounded parallelism.
     pub async fn get_blobs_to_files(
-        &self,
+        self,
         sk: &StoreKey,
         items: &[(BlobRef, PathBuf)],
     ) -> Result<()> {
-        crate::util::drain_bounded(items, self.transfer.parallelism, |(b, p)| {
+        crate::util::drain_bounded(items, self.repo.transfer.parallelism, |(b, p)| {
             self.get_blob_to_file(sk, b, p)
         })
         .await

@@ -7,8 +7,9 @@ use super::reader::{CopyError, LocalFile, copy_hashed};
 use super::{BlobRef, PutOutcome};
 use crate::repo::paths::{self, BlobHash, StoreKey};
 
-/// [`Repository::put_immutable_file`](crate::repo::Repository::put_immutable_file)'s link, on a blocking thread: the
-/// outcome, or `None` when the file must be copied instead.
+/// [`Blobs::put_immutable_file`](super::Blobs::put_immutable_file)'s link,
+/// on a blocking thread: the outcome, or `None` when the file must be
+/// copied instead.
 pub(super) fn link_blob(
     local: &object_store::local::LocalFileSystem,
     sk: &StoreKey,

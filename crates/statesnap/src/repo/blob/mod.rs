@@ -22,7 +22,7 @@
 //!   through one 256 KiB buffer to the staging path, fsync, rename, fsync
 //!   the directory. Memory stays at the buffer, where multipart parts
 //!   would hold up to `parallelism` × `part_size` per file;
-//! * **immutable** files (RocksDB's SSTs, [`Repository::put_immutable_file`])
+//! * **immutable** files (RocksDB's SSTs, [`Blobs::put_immutable_file`])
 //!   may be hard-linked into a local repository instead
 //!   ([`TransferOptions::link_immutable_files`]).
 //!
@@ -70,7 +70,7 @@ pub struct TransferOptions {
     /// In a `file://` repository, store files that their owner never
     /// modifies again (RocksDB's SSTs) as hard links to them instead of
     /// copies, when they are on the same filesystem
-    /// ([`Repository::put_immutable_file`]). Default `false`.
+    /// ([`Blobs::put_immutable_file`]). Default `false`.
     ///
     /// A link writes no data: a new SST costs a hash, an fsync of a file
     /// its writer already synced, and an fsync of a directory, not a copy
@@ -180,9 +180,16 @@ pub struct BlobInfo {
     pub last_modified_ms: i64,
 }
 
-impl Repository {
-    pub(crate) async fn head_key(&self, key: &Path) -> Result<Option<BlobInfo>> {
-        match self.store.head(key).await {
+/// The blobs of a [`Repository`] ([`Repository::blobs`]): put, get and
+/// head of content-addressed blobs, and transfers of many at once.
+#[derive(Debug, Clone, Copy)]
+pub struct Blobs<'a> {
+    pub(crate) repo: &'a Repository,
+}
+
+impl<'a> Blobs<'a> {
+    pub(crate) async fn head_key(self, key: &Path) -> Result<Option<BlobInfo>> {
+        match self.repo.store.head(key).await {
             Ok(m) => Ok(Some(BlobInfo {
                 size: m.size,
                 last_modified_ms: m.last_modified.timestamp_millis(),
@@ -196,7 +203,7 @@ impl Repository {
     }
 
     /// Size and age of a stored blob, `None` if it does not exist.
-    pub async fn head_blob(&self, sk: &StoreKey, hash: &BlobHash) -> Result<Option<BlobInfo>> {
+    pub async fn head_blob(self, sk: &StoreKey, hash: &BlobHash) -> Result<Option<BlobInfo>> {
         self.head_key(&paths::blob(sk, hash)).await
     }
 
@@ -205,7 +212,7 @@ impl Repository {
     /// this before it reuses a parent's files: a blob gc swept since the
     /// parent was committed must be uploaded again from the cut, or every
     /// retry of the snapshot would fail its commit the same way.
-    pub async fn blobs_present(&self, sk: &StoreKey, files: &[super::FileEntry]) -> Result<bool> {
+    pub async fn blobs_present(self, sk: &StoreKey, files: &[super::FileEntry]) -> Result<bool> {
         let wanted: Vec<(BlobHash, u64)> = files.iter().map(|f| (f.blake3, f.size)).collect();
         let found: Vec<bool> = futures::stream::iter(wanted)
             .map(|(hash, size)| async move {
@@ -215,7 +222,7 @@ impl Repository {
                         .is_some_and(|i| i.size == size),
                 )
             })
-            .buffer_unordered(self.transfer.parallelism.max(1))
+            .buffer_unordered(self.repo.transfer.parallelism.max(1))
             .try_collect()
             .await?;
         Ok(found.into_iter().all(|b| b))

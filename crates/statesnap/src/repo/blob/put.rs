@@ -9,17 +9,18 @@ use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
 use std::path::PathBuf;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use super::Blobs;
 use super::local::{copy_blob, link_blob};
 use super::reader::LocalFile;
 use super::{BlobRef, PutOutcome, blocking_io};
 use crate::error::{Error, ErrorKind, Result};
+use crate::repo::map_store_error;
 use crate::repo::paths::{self, BlobHash, StoreKey};
-use crate::repo::{Repository, map_store_error};
 
-impl Repository {
+impl<'a> Blobs<'a> {
     /// Stores `bytes` as a blob of store `sk`.
-    pub async fn put_blob_bytes(&self, sk: &StoreKey, bytes: Bytes) -> Result<PutOutcome> {
-        if bytes.len() >= self.transfer.multipart_threshold.max(1) {
+    pub async fn put_blob_bytes(self, sk: &StoreKey, bytes: Bytes) -> Result<PutOutcome> {
+        if bytes.len() >= self.repo.transfer.multipart_threshold.max(1) {
             return self.put_blob_reader(sk, &bytes[..]).await;
         }
         let hash = BlobHash::of(&bytes);
@@ -32,8 +33,8 @@ impl Repository {
     /// blocking call (an incremental snapshot's new files are mostly small,
     /// and each hop to the blocking pool costs a fraction of a millisecond
     /// on a busy machine); a larger one streams.
-    pub async fn put_blob_file(&self, sk: &StoreKey, path: &std::path::Path) -> Result<PutOutcome> {
-        let threshold = self.transfer.multipart_threshold.max(1);
+    pub async fn put_blob_file(self, sk: &StoreKey, path: &std::path::Path) -> Result<PutOutcome> {
+        let threshold = self.repo.transfer.multipart_threshold.max(1);
         let p = path.to_owned();
         let read = blocking_io(move || {
             use std::io::{Read, Seek};
@@ -59,12 +60,17 @@ impl Repository {
                 ));
             }
             Ok(Ok((hash, bytes))) => self.put_small(sk, hash, bytes).await,
-            Ok(Err(file)) => match self.local.clone().filter(|_| self.limit.is_none()) {
+            Ok(Err(file)) => match self
+                .repo
+                .local
+                .clone()
+                .filter(|_| self.repo.limit.is_none())
+            {
                 // A local repository copies a large file itself: one
                 // blocking thread reads, hashes and writes it through one
                 // buffer, instead of multipart parts held in memory.
                 Some(local) => {
-                    let (sk_c, staging) = (sk.clone(), paths::staging(sk, self.new_ulid()));
+                    let (sk_c, staging) = (sk.clone(), paths::staging(sk, self.repo.new_ulid()));
                     let src = LocalFile {
                         file,
                         path: path.to_owned(),
@@ -95,9 +101,10 @@ impl Repository {
 
     /// Stores the local file at `path` as a blob, for a file that its owner
     /// never modifies again (RocksDB's SSTs). With
-    /// [`TransferOptions::link_immutable_files`](super::TransferOptions::link_immutable_files) in a `file://` repository,
-    /// the blob is a hard link to the file: it is read once for its hash,
-    /// fsynced (cheap when its writer already did), linked, and its
+    /// [`TransferOptions::link_immutable_files`](super::TransferOptions::link_immutable_files)
+    /// in a `file://` repository, the blob is a hard link to the file: it
+    /// is read once for its hash, fsynced (cheap when its writer already
+    /// did), linked, and its
     /// directory fsynced. Everywhere else, and whenever the link cannot be
     /// made (another filesystem, hard links refused, a blob of that hash
     /// but another size in the way), this is
@@ -107,20 +114,23 @@ impl Repository {
     /// finds out and refuses it); files that may change go through
     /// `put_blob_file`.
     pub async fn put_immutable_file(
-        &self,
+        self,
         sk: &StoreKey,
         path: &std::path::Path,
     ) -> Result<PutOutcome> {
         let Some(local) = self
+            .repo
             .local
             .clone()
-            .filter(|_| self.transfer.link_immutable_files)
+            .filter(|_| self.repo.transfer.link_immutable_files)
         else {
             return self.put_blob_file(sk, path).await;
         };
         let (src, sk_c) = (path.to_owned(), sk.clone());
         let now = std::time::UNIX_EPOCH
-            + std::time::Duration::from_millis(u64::try_from(self.clock.now_ms()).unwrap_or(0));
+            + std::time::Duration::from_millis(
+                u64::try_from(self.repo.clock.now_ms()).unwrap_or(0),
+            );
         let linked = blocking_io(move || link_blob(&local, &sk_c, &src, now)).await;
         match linked {
             Ok(Some(out)) => Ok(out),
@@ -134,24 +144,20 @@ impl Repository {
 
     /// Stores the files at `paths` with bounded parallelism; outcomes are in
     /// input order.
-    pub async fn put_blob_files(
-        &self,
-        sk: &StoreKey,
-        files: &[PathBuf],
-    ) -> Result<Vec<PutOutcome>> {
+    pub async fn put_blob_files(self, sk: &StoreKey, files: &[PathBuf]) -> Result<Vec<PutOutcome>> {
         futures::stream::iter((0..files.len()).map(|i| self.put_blob_file(sk, &files[i])))
-            .buffered(self.transfer.parallelism.max(1))
+            .buffered(self.repo.transfer.parallelism.max(1))
             .try_collect()
             .await
     }
 
     /// Stores everything `reader` yields as one blob, hashing while reading.
     pub async fn put_blob_reader<R: AsyncRead + Unpin + Send>(
-        &self,
+        self,
         sk: &StoreKey,
         mut reader: R,
     ) -> Result<PutOutcome> {
-        let threshold = self.transfer.multipart_threshold.max(1);
+        let threshold = self.repo.transfer.multipart_threshold.max(1);
         let mut buf = BytesMut::with_capacity(threshold.min(1 << 20));
         // Read up to the threshold: if the stream ends first, it is small.
         while buf.len() < threshold {
@@ -169,7 +175,7 @@ impl Repository {
         self.put_large(sk, buf, reader).await
     }
 
-    async fn put_small(&self, sk: &StoreKey, hash: BlobHash, bytes: Bytes) -> Result<PutOutcome> {
+    async fn put_small(self, sk: &StoreKey, hash: BlobHash, bytes: Bytes) -> Result<PutOutcome> {
         let size = bytes.len() as u64;
         let blob = BlobRef { hash, size };
         let key = paths::blob(sk, &hash);
@@ -182,10 +188,11 @@ impl Repository {
             }
             tracing::warn!(key = %key, stored = info.size, expected = size, "replacing blob of wrong size");
         }
-        self.throttle(size).await;
+        self.repo.throttle(size).await;
         // Durable once put returns (LocalFileSystem fsyncs; object stores ack
         // after persisting). Overwrite is safe: same key, same bytes.
-        self.store
+        self.repo
+            .store
             .put(&key, PutPayload::from(bytes))
             .await
             .map_err(|e| map_store_error(e, &format!("cannot upload blob key=`{key}`")))?;
@@ -196,18 +203,19 @@ impl Repository {
     }
 
     async fn put_large<R: AsyncRead + Unpin + Send>(
-        &self,
+        self,
         sk: &StoreKey,
         first: BytesMut,
         mut reader: R,
     ) -> Result<PutOutcome> {
-        let staging = paths::staging(sk, self.new_ulid());
+        let staging = paths::staging(sk, self.repo.new_ulid());
         let upload = self
+            .repo
             .store
             .put_multipart(&staging)
             .await
             .map_err(|e| map_store_error(e, &format!("cannot start upload key=`{staging}`")))?;
-        let part_size = self.transfer.part_size.max(1);
+        let part_size = self.repo.transfer.part_size.max(1);
         let mut writer = WriteMultipart::new_with_chunk_size(upload, part_size);
         let mut hasher = blake3::Hasher::new();
         let mut size = 0u64;
@@ -217,9 +225,9 @@ impl Repository {
                 if !chunk.is_empty() {
                     hasher.update(&chunk);
                     size += chunk.len() as u64;
-                    self.throttle(chunk.len() as u64).await;
+                    self.repo.throttle(chunk.len() as u64).await;
                     writer
-                        .wait_for_capacity(self.transfer.parallelism.max(1))
+                        .wait_for_capacity(self.repo.transfer.parallelism.max(1))
                         .await
                         .map_err(|e| {
                             map_store_error(e, &format!("cannot upload part key=`{staging}`"))
@@ -272,7 +280,7 @@ impl Repository {
             });
         }
         // Server-side move into the content-addressed name.
-        if let Err(e) = self.store.rename(&staging, &key).await {
+        if let Err(e) = self.repo.store.rename(&staging, &key).await {
             self.delete_quietly(&staging).await;
             if matches!(e, object_store::Error::NotFound { .. }) {
                 return Err(Error::transient(format!(
@@ -292,8 +300,8 @@ impl Repository {
         })
     }
 
-    async fn delete_quietly(&self, key: &Path) {
-        if let Err(e) = self.store.delete(key).await {
+    async fn delete_quietly(self, key: &Path) {
+        if let Err(e) = self.repo.store.delete(key).await {
             tracing::debug!(key = %key, error = %e, "could not delete staging object; gc will");
         }
     }
