@@ -137,6 +137,7 @@ pub async fn handoff(config: &HandoffConfig) -> Result<HandoffResult> {
     let close = closed.duration;
     let snapshot_bytes = owner
         .repository()
+        .catalog()
         .latest(&statesnap::StoreKey::new(
             &config.app_id,
             crate::app::STORE,

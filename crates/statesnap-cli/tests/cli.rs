@@ -1635,6 +1635,7 @@ fn show_prints_the_exact_key_count_of_a_store_with_overwritten_keys() {
             .unwrap();
         let sk = statesnap::StoreKey::new("shop", "carts", 0).unwrap();
         let s = repo
+            .catalog()
             .get_snapshot(&sk, ids[1].parse().unwrap())
             .await
             .unwrap();

@@ -106,7 +106,7 @@ fn blobs(c: &mut Criterion) {
                 let repo = with_parallelism(repo, p);
                 let put = || {
                     vec![
-                        rt.block_on(repo.put_blob_file(&sk, &src))
+                        rt.block_on(repo.blobs().put_blob_file(&sk, &src))
                             .unwrap()
                             .blob
                             .hash,
@@ -117,13 +117,13 @@ fn blobs(c: &mut Criterion) {
                     |b| b.iter_custom(|iters| time_uploads(&rt, &repo, &sk, iters, put)),
                 );
             }
-            let out = rt.block_on(repo.put_blob_file(&sk, &src)).unwrap();
+            let out = rt.block_on(repo.blobs().put_blob_file(&sk, &src)).unwrap();
             let dest = src_dir.path().join(format!("dest-{mib}"));
             group.bench_function(
                 BenchmarkId::new(format!("get_file_{name}_{mib}MiB"), "p1"),
                 |b| {
                     b.iter(|| {
-                        rt.block_on(repo.get_blob_to_file(&sk, &out.blob, &dest))
+                        rt.block_on(repo.blobs().get_blob_to_file(&sk, &out.blob, &dest))
                             .unwrap()
                     })
                 },
@@ -143,7 +143,9 @@ fn blobs(c: &mut Criterion) {
                 for p in env_list("STATESNAP_BENCH_PARALLELISM", &[1, 4, 16]) {
                     let repo = with_parallelism(repo, p);
                     let put = || {
-                        let outs = rt.block_on(repo.put_blob_files(&sk, &files)).unwrap();
+                        let outs = rt
+                            .block_on(repo.blobs().put_blob_files(&sk, &files))
+                            .unwrap();
                         outs.into_iter().map(|o| o.blob.hash).collect()
                     };
                     group.bench_function(
@@ -154,13 +156,18 @@ fn blobs(c: &mut Criterion) {
                         .iter()
                         .enumerate()
                         .map(|(i, f)| {
-                            let out = rt.block_on(repo.put_blob_file(&sk, f)).unwrap();
+                            let out = rt.block_on(repo.blobs().put_blob_file(&sk, f)).unwrap();
                             (out.blob, src_dir.path().join(format!("got-{i}")))
                         })
                         .collect();
                     group.bench_function(
                         BenchmarkId::new(format!("get_32x1MiB_{name}"), format!("p{p}")),
-                        |b| b.iter(|| rt.block_on(repo.get_blobs_to_files(&sk, &items)).unwrap()),
+                        |b| {
+                            b.iter(|| {
+                                rt.block_on(repo.blobs().get_blobs_to_files(&sk, &items))
+                                    .unwrap()
+                            })
+                        },
                     );
                 }
             }
@@ -179,6 +186,7 @@ fn listing(c: &mut Criterion) {
     let n = 10_000u64;
     rt.block_on(async {
         let out = repo
+            .blobs()
             .put_blob_bytes(&sk, Bytes::from_static(b"x"))
             .await
             .unwrap();
@@ -208,7 +216,10 @@ fn listing(c: &mut Criterion) {
     group.bench_function("list_manifest_keys_10000", |b| {
         b.iter(|| {
             assert_eq!(
-                rt.block_on(repo.list_manifest_keys(&sk)).unwrap().0.len(),
+                rt.block_on(repo.catalog().list_manifest_keys(&sk))
+                    .unwrap()
+                    .0
+                    .len(),
                 n as usize
             )
         })
@@ -216,7 +227,7 @@ fn listing(c: &mut Criterion) {
     group.bench_function("list_snapshots_read_verify_10000", |b| {
         b.iter(|| {
             assert_eq!(
-                rt.block_on(repo.list_snapshots(&sk))
+                rt.block_on(repo.catalog().list_snapshots(&sk))
                     .unwrap()
                     .snapshots
                     .len(),

@@ -331,6 +331,7 @@ impl StoreFormat for LogFileFormat {
         // Verified against the manifest's size and blake3 before we see it.
         let bytes = ctx
             .repo
+            .blobs()
             .get_blob_bytes(&m.store_key, &BlobRef::from(f))
             .await?;
         let _ = std::fs::remove_dir_all(ctx.target);

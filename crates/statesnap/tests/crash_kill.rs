@@ -350,7 +350,7 @@ fn sigkill_during_background_snapshots_reopens_exact() {
                 "round {round}: snapshot + tail differs ({})",
                 r.source
             );
-            let listing = repo.list_snapshots(&sk).await.unwrap();
+            let listing = repo.catalog().list_snapshots(&sk).await.unwrap();
             if let Some(newest) = listing.latest() {
                 assert_eq!(r.snapshot, Some(newest.id()), "round {round}");
             }
@@ -377,10 +377,10 @@ fn sigkill_during_background_snapshots_reopens_exact() {
         .await
         .unwrap();
         let gc = statesnap::repo::gc::GcOptions::default();
-        repo.gc_store(&sk, &gc).await.unwrap();
+        repo.maintenance().gc_store(&sk, &gc).await.unwrap();
         clock.advance_ms(3_600_000 * 2);
-        repo.gc_store(&sk, &gc).await.unwrap();
-        let listing = repo.list_snapshots(&sk).await.unwrap();
+        repo.maintenance().gc_store(&sk, &gc).await.unwrap();
+        let listing = repo.catalog().list_snapshots(&sk).await.unwrap();
         assert!(!listing.snapshots.is_empty());
         let referenced: std::collections::BTreeSet<String> = listing
             .snapshots
@@ -397,6 +397,7 @@ fn sigkill_during_background_snapshots_reopens_exact() {
             }
         }
         let report = repo
+            .maintenance()
             .verify_store(&sk, &Default::default(), &|_| {})
             .await
             .unwrap();

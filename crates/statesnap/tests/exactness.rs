@@ -313,7 +313,14 @@ async fn a_cut_is_only_committed_against_its_own_changelog() {
         assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
         assert_eq!(err.reason(), Some(why), "{err}");
     }
-    assert!(repo.list_snapshots(&sk).await.unwrap().snapshots.is_empty());
+    assert!(
+        repo.catalog()
+            .list_snapshots(&sk)
+            .await
+            .unwrap()
+            .snapshots
+            .is_empty()
+    );
 }
 
 /// Defect 5b: the disk loses records the log had synced (or the user chose
@@ -385,7 +392,7 @@ async fn a_snapshot_of_history_the_log_lost_is_never_restored() {
     assert!(!want.contains_key(&Bytes::from("c")));
 
     // Retention against the changelog keeps the usable one as "newest".
-    let listing = repo.list_snapshots(&sk).await.unwrap();
+    let listing = repo.catalog().list_snapshots(&sk).await.unwrap();
     let keep_one = RetentionPolicy {
         keep_last: Some(1),
         keep_newer_than: None,

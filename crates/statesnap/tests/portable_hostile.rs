@@ -164,7 +164,13 @@ async fn rss_restore_1m() {
     )
     .await
     .unwrap();
-    let m = repo.latest(&sk()).await.unwrap().unwrap().manifest;
+    let m = repo
+        .catalog()
+        .latest(&sk())
+        .await
+        .unwrap()
+        .unwrap()
+        .manifest;
     let f = PortableFormat::new(|p: &std::path::Path| {
         statesnap::store::rocks::RocksStore::open(
             p,

@@ -100,6 +100,7 @@ async fn unshared_chunk_keys(env: &Env, m: &Manifest, old: &Manifest) -> Vec<Vec
     for f in m.files.iter().filter(|f| !old_hashes.contains(&f.blake3)) {
         let b = env
             .repo
+            .blobs()
             .get_blob_bytes(&m.store_key, &BlobRef::from(f))
             .await
             .unwrap();
@@ -313,9 +314,17 @@ async fn gc_keeps_every_snapshot_a_kept_delta_needs() {
         .repo
         .clone()
         .with_max_commit_duration(Duration::from_millis(20));
-    let r1 = gc_repo.gc_store(&env.store_key, &opts).await.unwrap();
+    let r1 = gc_repo
+        .maintenance()
+        .gc_store(&env.store_key, &opts)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(120)).await;
-    let r2 = gc_repo.gc_store(&env.store_key, &opts).await.unwrap();
+    let r2 = gc_repo
+        .maintenance()
+        .gc_store(&env.store_key, &opts)
+        .await
+        .unwrap();
 
     let mut dropped: Vec<_> = r1.manifests_deleted.iter().map(|(id, _)| *id).collect();
     dropped.sort();
@@ -323,7 +332,12 @@ async fn gc_keeps_every_snapshot_a_kept_delta_needs() {
     want_dropped.sort();
     assert_eq!(dropped, want_dropped, "only the old chain is dropped");
     assert!(r2.bytes_deleted > 0, "the old chain's own blobs are swept");
-    let listing = env.repo.list_snapshots(&env.store_key).await.unwrap();
+    let listing = env
+        .repo
+        .catalog()
+        .list_snapshots(&env.store_key)
+        .await
+        .unwrap();
     let kept: BTreeSet<_> = listing.snapshots.iter().map(|s| s.id()).collect();
     assert_eq!(
         kept,

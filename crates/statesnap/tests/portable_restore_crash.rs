@@ -140,7 +140,7 @@ async fn restore_latest(dir: &Path, abort_at: Option<u64>) -> Aborting {
     let repo = Repository::open(&repo_url(dir), RepositoryOptions::default())
         .await
         .unwrap();
-    let snap = repo.latest(&sk()).await.unwrap().unwrap();
+    let snap = repo.catalog().latest(&sk()).await.unwrap().unwrap();
     let target = target(dir);
     let format = aborting_format(abort_at);
     let restored = common::restore_snapshot(&format, &snap.manifest, &repo, &target).await;

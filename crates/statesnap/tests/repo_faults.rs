@@ -110,7 +110,7 @@ async fn check_invariants(
     allow_corrupt_manifests: bool,
 ) -> usize {
     let repo = good(base, clock);
-    let listing = repo.list_snapshots(&sk()).await.unwrap();
+    let listing = repo.catalog().list_snapshots(&sk()).await.unwrap();
     for u in &listing.unreadable {
         assert!(
             allow_corrupt_manifests && u.kind == ErrorKind::Corrupt,
@@ -119,7 +119,7 @@ async fn check_invariants(
     }
     for s in &listing.snapshots {
         for f in &s.manifest.files {
-            let got = repo.get_blob_bytes(&sk(), &BlobRef::from(f)).await;
+            let got = repo.blobs().get_blob_bytes(&sk(), &BlobRef::from(f)).await;
             assert!(
                 got.is_ok(),
                 "snapshot {} names a bad blob {}: {:?}",
@@ -229,7 +229,7 @@ async fn gc_at_every_step_of_a_commit_never_deletes_a_referenced_blob() {
             let paused_op = faulty.op_log().last().cloned().unwrap_or_default();
             let collector = good(&s.base, &s.clock);
             // Mark while the writer is paused.
-            let r = collector.gc_store(&sk(), &gc).await.unwrap();
+            let r = collector.maintenance().gc_store(&sk(), &gc).await.unwrap();
             assert!(r.blobs_deleted.is_empty());
             if sweep_while_paused {
                 // The writer stalls. Before its checks this must make it fail;
@@ -244,7 +244,7 @@ async fn gc_at_every_step_of_a_commit_never_deletes_a_referenced_blob() {
                     grace + 1
                 };
                 s.clock.advance_ms(stall);
-                collector.gc_store(&sk(), &gc).await.unwrap();
+                collector.maintenance().gc_store(&sk(), &gc).await.unwrap();
             }
             pause.resume();
             let res = writer.await.unwrap();
@@ -262,7 +262,7 @@ async fn gc_at_every_step_of_a_commit_never_deletes_a_referenced_blob() {
             // Later gc passes, well past the grace period.
             for _ in 0..3 {
                 s.clock.advance_ms(grace + 1);
-                collector.gc_store(&sk(), &gc).await.unwrap();
+                collector.maintenance().gc_store(&sk(), &gc).await.unwrap();
                 check_invariants(&s.base, &s.clock, false).await;
             }
             let n = check_invariants(&s.base, &s.clock, false).await;
@@ -278,8 +278,11 @@ async fn gc_at_every_step_of_a_commit_never_deletes_a_referenced_blob() {
 async fn parent_dropped_two_hours_ago() -> Setup {
     let s = setup().await;
     let repo = good(&s.base, &s.clock);
-    let latest = repo.latest(&sk()).await.unwrap().unwrap();
-    repo.delete_snapshot(&sk(), latest.id()).await.unwrap();
+    let latest = repo.catalog().latest(&sk()).await.unwrap().unwrap();
+    repo.catalog()
+        .delete_snapshot(&sk(), latest.id())
+        .await
+        .unwrap();
     s.clock.advance_ms(2 * HOUR);
     s
 }
@@ -290,8 +293,14 @@ async fn gc_with_faults_never_deletes_a_referenced_blob() {
     // converges once it can run cleanly.
     let s = setup().await;
     let repo = good(&s.base, &s.clock);
-    repo.put_blob_bytes(&sk(), bytes(10, 9)).await.unwrap();
-    repo.put_blob_bytes(&sk(), bytes(20, 8)).await.unwrap();
+    repo.blobs()
+        .put_blob_bytes(&sk(), bytes(10, 9))
+        .await
+        .unwrap();
+    repo.blobs()
+        .put_blob_bytes(&sk(), bytes(20, 8))
+        .await
+        .unwrap();
     s.clock.advance_ms(2 * HOUR);
     let gc = GcOptions::default();
     let mut n = 0;
@@ -300,7 +309,7 @@ async fn gc_with_faults_never_deletes_a_referenced_blob() {
             crash_after: Some(n),
             ..Default::default()
         });
-        let res = frepo.gc_store(&sk(), &gc).await;
+        let res = frepo.maintenance().gc_store(&sk(), &gc).await;
         check_invariants(&s.base, &s.clock, false).await;
         s.clock.advance_ms(HOUR + 1);
         n += 1;
@@ -310,11 +319,12 @@ async fn gc_with_faults_never_deletes_a_referenced_blob() {
     }
     // Eventually the two orphans are gone and the snapshot's blobs remain.
     for _ in 0..3 {
-        repo.gc_store(&sk(), &gc).await.unwrap();
+        repo.maintenance().gc_store(&sk(), &gc).await.unwrap();
         s.clock.advance_ms(HOUR + 1);
     }
     assert!(
-        repo.head_blob(&sk(), &statesnap::repo::BlobHash::of(&bytes(10, 9)))
+        repo.blobs()
+            .head_blob(&sk(), &statesnap::repo::BlobHash::of(&bytes(10, 9)))
             .await
             .unwrap()
             .is_none()
@@ -335,7 +345,7 @@ async fn put_blob_file_stores_every_size_around_the_threshold() {
         let data = bytes(len, i as u8);
         let path = dir.path().join(format!("f{i}"));
         std::fs::write(&path, &data).unwrap();
-        let out = repo.put_blob_file(&sk(), &path).await.unwrap();
+        let out = repo.blobs().put_blob_file(&sk(), &path).await.unwrap();
         assert_eq!(out.blob.size, len as u64, "len={len}");
         assert_eq!(
             out.blob.hash,
@@ -343,12 +353,20 @@ async fn put_blob_file_stores_every_size_around_the_threshold() {
             "len={len}"
         );
         assert!(out.uploaded, "len={len}");
-        let back = repo.get_blob_bytes(&sk(), &out.blob).await.unwrap();
+        let back = repo.blobs().get_blob_bytes(&sk(), &out.blob).await.unwrap();
         assert_eq!(back, data, "len={len}");
         // A second put of the same bytes finds the blob.
-        assert!(!repo.put_blob_file(&sk(), &path).await.unwrap().uploaded);
+        assert!(
+            !repo
+                .blobs()
+                .put_blob_file(&sk(), &path)
+                .await
+                .unwrap()
+                .uploaded
+        );
     }
     let missing = repo
+        .blobs()
         .put_blob_file(&sk(), &dir.path().join("missing"))
         .await
         .unwrap_err();
@@ -389,10 +407,11 @@ async fn put_immutable_file_links_on_one_filesystem_and_copies_otherwise() {
         .set_modified(two_days_ago)
         .unwrap();
 
-    let out = repo.put_immutable_file(&sk(), &src).await.unwrap();
+    let out = repo.blobs().put_immutable_file(&sk(), &src).await.unwrap();
     assert!(out.uploaded);
     let age = SystemClock.now_ms()
         - repo
+            .blobs()
             .head_blob(&sk(), &out.blob.hash)
             .await
             .unwrap()
@@ -409,14 +428,28 @@ async fn put_immutable_file_links_on_one_filesystem_and_copies_otherwise() {
     );
     assert_eq!((s.dev(), s.ino()), (b.dev(), b.ino()), "a link, not a copy");
     assert_eq!(s.nlink(), 2);
-    assert!(!repo.put_immutable_file(&sk(), &src).await.unwrap().uploaded);
+    assert!(
+        !repo
+            .blobs()
+            .put_immutable_file(&sk(), &src)
+            .await
+            .unwrap()
+            .uploaded
+    );
     std::fs::remove_file(&src).unwrap();
-    assert_eq!(repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(), data);
+    assert_eq!(
+        repo.blobs().get_blob_bytes(&sk(), &out.blob).await.unwrap(),
+        data
+    );
 
     // Without the option: a copy.
     let other = dir.path().join("000043.sst");
     std::fs::write(&other, bytes(5_000, 8)).unwrap();
-    let out = plain.put_immutable_file(&sk(), &other).await.unwrap();
+    let out = plain
+        .blobs()
+        .put_immutable_file(&sk(), &other)
+        .await
+        .unwrap();
     assert!(out.uploaded);
     let b = std::fs::metadata(blob_path(&out.blob)).unwrap();
     assert_ne!(b.ino(), std::fs::metadata(&other).unwrap().ino());
@@ -429,24 +462,37 @@ async fn put_immutable_file_links_on_one_filesystem_and_copies_otherwise() {
     let wrong = blob_path(&BlobRef { hash, size: 0 });
     std::fs::create_dir_all(wrong.parent().unwrap()).unwrap();
     std::fs::write(&wrong, b"short").unwrap();
-    let out = repo.put_immutable_file(&sk(), &third).await.unwrap();
+    let out = repo
+        .blobs()
+        .put_immutable_file(&sk(), &third)
+        .await
+        .unwrap();
     assert!(out.uploaded);
     assert_eq!(
-        repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(),
+        repo.blobs().get_blob_bytes(&sk(), &out.blob).await.unwrap(),
         third_data
     );
 
     // Another store (here in memory): an upload.
     let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let mem_repo = good(&mem, &ManualClock::new(SystemClock.now_ms())).with_transfer(linking);
-    let out = mem_repo.put_immutable_file(&sk(), &third).await.unwrap();
+    let out = mem_repo
+        .blobs()
+        .put_immutable_file(&sk(), &third)
+        .await
+        .unwrap();
     assert_eq!(
-        mem_repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(),
+        mem_repo
+            .blobs()
+            .get_blob_bytes(&sk(), &out.blob)
+            .await
+            .unwrap(),
         third_data
     );
 
     // Missing source: an error naming it.
     let err = repo
+        .blobs()
         .put_immutable_file(&sk(), &dir.path().join("gone.sst"))
         .await
         .unwrap_err();
@@ -463,10 +509,13 @@ async fn put_immutable_file_links_on_one_filesystem_and_copies_otherwise() {
         let src = far.path().join("000045.sst");
         let data = bytes(20_000, 10);
         std::fs::write(&src, &data).unwrap();
-        let out = repo.put_immutable_file(&sk(), &src).await.unwrap();
+        let out = repo.blobs().put_immutable_file(&sk(), &src).await.unwrap();
         assert!(out.uploaded);
         assert_eq!(std::fs::metadata(&src).unwrap().nlink(), 1, "copied");
-        assert_eq!(repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(), data);
+        assert_eq!(
+            repo.blobs().get_blob_bytes(&sk(), &out.blob).await.unwrap(),
+            data
+        );
     } else {
         eprintln!("no second filesystem at /dev/shm: the cross-filesystem copy is not exercised");
     }
@@ -493,15 +542,25 @@ async fn a_local_repository_copies_large_files_without_staging_leftovers() {
         let data = bytes(len, 40 + i as u8);
         let path = dir.path().join(format!("big{i}"));
         std::fs::write(&path, &data).unwrap();
-        let out = repo.put_blob_file(&sk(), &path).await.unwrap();
+        let out = repo.blobs().put_blob_file(&sk(), &path).await.unwrap();
         assert!(out.uploaded, "len={len}");
         assert_eq!(
             out.blob.hash,
             statesnap::repo::BlobHash::of(&data),
             "len={len}"
         );
-        assert_eq!(repo.get_blob_bytes(&sk(), &out.blob).await.unwrap(), data);
-        assert!(!repo.put_blob_file(&sk(), &path).await.unwrap().uploaded);
+        assert_eq!(
+            repo.blobs().get_blob_bytes(&sk(), &out.blob).await.unwrap(),
+            data
+        );
+        assert!(
+            !repo
+                .blobs()
+                .put_blob_file(&sk(), &path)
+                .await
+                .unwrap()
+                .uploaded
+        );
     }
     // A damaged (short) blob under the hash of a new file: replaced.
     let data = bytes(2 * t, 99);
@@ -512,7 +571,7 @@ async fn a_local_repository_copies_large_files_without_staging_leftovers() {
     std::fs::write(&stored, b"short").unwrap();
     let path = dir.path().join("replaced");
     std::fs::write(&path, &data).unwrap();
-    let out = repo.put_blob_file(&sk(), &path).await.unwrap();
+    let out = repo.blobs().put_blob_file(&sk(), &path).await.unwrap();
     assert!(out.uploaded);
     assert_eq!(std::fs::read(&stored).unwrap(), data);
 

@@ -119,7 +119,7 @@ async fn hostile_manifests_are_refused_with_the_right_kind_and_never_chosen() {
         .unwrap();
     expected.push((m.key().to_string(), ErrorKind::Corrupt));
 
-    let listing = repo.list_snapshots(&sk()).await.unwrap();
+    let listing = repo.catalog().list_snapshots(&sk()).await.unwrap();
     assert_eq!(
         listing.snapshots.len(),
         1,
@@ -150,6 +150,7 @@ async fn hostile_manifests_are_refused_with_the_right_kind_and_never_chosen() {
 
     // Gc refuses to run while a manifest it cannot understand exists.
     let e = repo
+        .maintenance()
         .gc_store(&sk(), &GcOptions::default())
         .await
         .unwrap_err();
@@ -168,6 +169,7 @@ async fn corrupt_blobs_fail_restore_downloads_and_leave_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let dest = Manifest::file_path_within(dir.path(), &f.path).unwrap();
     let e = repo
+        .blobs()
         .get_blobs_to_files(&sk(), &[(BlobRef::from(f), dest.clone())])
         .await
         .unwrap_err();
@@ -185,6 +187,7 @@ async fn catalog_ignores_listing_order() {
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
     let f = repo
+        .blobs()
         .put_blob_bytes(&sk(), Bytes::from_static(b"x"))
         .await
         .unwrap();
@@ -214,7 +217,7 @@ async fn catalog_ignores_listing_order() {
             },
         );
         let r = Repository::from_store(Arc::new(shuffled), "").unwrap();
-        let l = r.list_snapshots(&sk()).await.unwrap();
+        let l = r.catalog().list_snapshots(&sk()).await.unwrap();
         let names: Vec<_> = l.snapshots.iter().map(|s| s.manifest.name()).collect();
         let mut sorted = names.clone();
         sorted.sort();
@@ -226,7 +229,7 @@ async fn catalog_ignores_listing_order() {
             l.at_or_before(8).unwrap().id(),
             SnapshotId::from_parts(100 - 4, 0)
         );
-        assert_eq!(r.list_stores().await.unwrap(), vec![sk()]);
+        assert_eq!(r.catalog().list_stores().await.unwrap(), vec![sk()]);
     }
 }
 
@@ -447,6 +450,7 @@ async fn gc_applies_retention_deletes_manifests_then_collects_their_blobs() {
         ..Default::default()
     };
     let dry = repo
+        .maintenance()
         .gc_store(
             &sk(),
             &GcOptions {
@@ -458,11 +462,16 @@ async fn gc_applies_retention_deletes_manifests_then_collects_their_blobs() {
         .unwrap();
     assert_eq!(dry.manifests_deleted.len(), 2);
     assert_eq!(
-        repo.list_snapshots(&sk()).await.unwrap().snapshots.len(),
+        repo.catalog()
+            .list_snapshots(&sk())
+            .await
+            .unwrap()
+            .snapshots
+            .len(),
         4,
         "dry run deleted"
     );
-    let r = repo.gc_store(&sk(), &opts).await.unwrap();
+    let r = repo.maintenance().gc_store(&sk(), &opts).await.unwrap();
     assert_eq!(
         r.manifests_deleted.iter().map(|m| m.0).collect::<Vec<_>>(),
         vec![ids[0].snapshot_id, ids[1].snapshot_id]
@@ -473,11 +482,20 @@ async fn gc_applies_retention_deletes_manifests_then_collects_their_blobs() {
         "the two dropped snapshots' own blobs: {r:?}"
     );
     clock.advance_ms(3_600_001);
-    let r = repo.gc_store(&sk(), &opts).await.unwrap();
+    let r = repo.maintenance().gc_store(&sk(), &opts).await.unwrap();
     assert_eq!(r.blobs_deleted.len(), 2);
-    for s in repo.list_snapshots(&sk()).await.unwrap().snapshots {
+    for s in repo
+        .catalog()
+        .list_snapshots(&sk())
+        .await
+        .unwrap()
+        .snapshots
+    {
         for f in &s.manifest.files {
-            repo.get_blob_bytes(&sk(), &BlobRef::from(f)).await.unwrap();
+            repo.blobs()
+                .get_blob_bytes(&sk(), &BlobRef::from(f))
+                .await
+                .unwrap();
         }
     }
 }
@@ -524,9 +542,9 @@ async fn an_oversized_manifest_is_refused_unread() {
         .put(&key, PutPayload::from(huge))
         .await
         .unwrap();
-    let err = repo.read_manifest(&key).await.unwrap_err();
+    let err = repo.catalog().read_manifest(&key).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    let listing = repo.list_snapshots(&sk()).await.unwrap();
+    let listing = repo.catalog().list_snapshots(&sk()).await.unwrap();
     assert_eq!(listing.latest().unwrap().id(), good.snapshot_id);
     assert!(listing.unreadable.iter().any(|u| u.key == key.to_string()));
 }
@@ -565,7 +583,11 @@ async fn an_oversized_gc_record_is_dropped_unread() {
         .await
         .unwrap();
     clock.advance_ms(3 * 3_600_000);
-    let report = repo.gc_store(&sk(), &GcOptions::default()).await.unwrap();
+    let report = repo
+        .maintenance()
+        .gc_store(&sk(), &GcOptions::default())
+        .await
+        .unwrap();
     assert_eq!(report.records_dropped, 1, "{report:?}");
     assert!(report.blobs_deleted.is_empty(), "{report:?}");
     repo.object_store().head(&blob_key).await.unwrap();
@@ -580,7 +602,11 @@ async fn an_oversized_gc_record_is_dropped_unread() {
         .put(&key, PutPayload::from(body))
         .await
         .unwrap();
-    let report = repo.gc_store(&sk(), &GcOptions::default()).await.unwrap();
+    let report = repo
+        .maintenance()
+        .gc_store(&sk(), &GcOptions::default())
+        .await
+        .unwrap();
     assert_eq!(report.records_dropped, 0, "{report:?}");
     assert!(
         report.blobs_deleted.iter().any(|b| b.blake3 == hash),

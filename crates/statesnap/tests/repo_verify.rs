@@ -1,6 +1,6 @@
 //! Defect 8: one bit-rotted blob poisoned every later snapshot, because
 //! dedup only checks that a blob of that name and size exists.
-//! `Repository::verify` finds it and quarantines it; the next snapshot
+//! `Maintenance::verify` finds it and quarantines it; the next snapshot
 //! uploads the bytes again.
 #![allow(clippy::unwrap_used)]
 
@@ -43,6 +43,7 @@ async fn verify_finds_quarantines_and_the_next_snapshot_heals() {
         .await
         .unwrap();
     let clean = repo
+        .maintenance()
         .verify(&VerifyOptions::default(), &|_| {})
         .await
         .unwrap();
@@ -64,6 +65,7 @@ async fn verify_finds_quarantines_and_the_next_snapshot_heals() {
     // Verify finds it, names both snapshots, quarantines it.
     let seen = Mutex::new(0u64);
     let report = repo
+        .maintenance()
         .verify(&VerifyOptions { quarantine: true }, &|p| {
             *seen.lock().unwrap() = p.blobs_checked;
             assert!(p.blobs_checked <= p.blobs_total);
@@ -85,7 +87,8 @@ async fn verify_finds_quarantines_and_the_next_snapshot_heals() {
         Some(ParsedKey::Quarantined(_, h, _)) if h == victim.blake3
     ));
     assert!(
-        repo.head_blob(&sk(), &victim.blake3)
+        repo.blobs()
+            .head_blob(&sk(), &victim.blake3)
             .await
             .unwrap()
             .is_none()
@@ -108,6 +111,7 @@ async fn verify_finds_quarantines_and_the_next_snapshot_heals() {
     // Content addressing: the re-uploaded bytes are exactly what the older
     // two snapshots named, so they are whole again too.
     let after = repo
+        .maintenance()
         .verify(&VerifyOptions::default(), &|_| {})
         .await
         .unwrap();

@@ -356,7 +356,7 @@ fn drop_and_collect(
     clock: &ManualClock,
     m: &Manifest,
 ) -> (usize, u64) {
-    rt.block_on(repo.delete_snapshot(&sk(), m.snapshot_id))
+    rt.block_on(repo.catalog().delete_snapshot(&sk(), m.snapshot_id))
         .unwrap();
     let gc_repo = repo
         .clone()
@@ -368,7 +368,9 @@ fn drop_and_collect(
     let (mut blobs, mut bytes) = (0, 0);
     for _ in 0..3 {
         clock.advance_ms(60_000);
-        let r = rt.block_on(gc_repo.gc_store(&sk(), &gc)).unwrap();
+        let r = rt
+            .block_on(gc_repo.maintenance().gc_store(&sk(), &gc))
+            .unwrap();
         blobs += r.blobs_deleted.len();
         bytes += r.bytes_deleted;
     }
@@ -1270,7 +1272,9 @@ fn inline_files_restore_and_damaged_ones_are_refused() {
         // from the live store before a capture could tell its column
         // family travels as a blob that once.)
         for f in m.inline_files.iter().filter(|f| !f.path.ends_with(".sst")) {
-            let stored = s.rt.block_on(s.repo.head_blob(&sk(), &f.blake3)).unwrap();
+            let stored =
+                s.rt.block_on(s.repo.blobs().head_blob(&sk(), &f.blake3))
+                    .unwrap();
             assert_eq!(stored, None, "no blob for inline file {}", f.path);
         }
     }
@@ -1314,7 +1318,7 @@ fn inline_files_restore_and_damaged_ones_are_refused() {
 
     // Verify finds it too, without restoring: that snapshot, that file.
     let verified =
-        s.rt.block_on(s.repo.verify_store(
+        s.rt.block_on(s.repo.maintenance().verify_store(
             &sk(),
             &Default::default(),
             &|_: &statesnap::repo::VerifyProgress| {},
@@ -1470,7 +1474,7 @@ fn a_snapshot_records_its_digest_and_exact_counts_not_rocksdbs_estimate() {
     assert_eq!(m.stats.logical_bytes, logical);
     assert_eq!(m.exact_logical_bytes(), Some(logical));
     // What it records survives the repository: the committed manifest.
-    let listed = rt.block_on(repo.list_snapshots(&sk())).unwrap();
+    let listed = rt.block_on(repo.catalog().list_snapshots(&sk())).unwrap();
     assert_eq!(listed.snapshots[0].manifest, m);
 
     // Turned off, the manifest holds RocksDB's estimates and says so.
@@ -1534,7 +1538,7 @@ fn a_digest_that_disagrees_with_intact_blobs_is_caught_by_verify_deep_only() {
         .unwrap();
 
     let lying = rt
-        .block_on(repo.list_snapshots(&sk()))
+        .block_on(repo.catalog().list_snapshots(&sk()))
         .unwrap()
         .snapshots
         .pop()
@@ -1542,7 +1546,10 @@ fn a_digest_that_disagrees_with_intact_blobs_is_caught_by_verify_deep_only() {
         .manifest;
     assert_eq!(lying.logical_digest.unwrap().to_string(), altered);
     let blobs = rt
-        .block_on(repo.verify(&VerifyOptions::default(), &|_| {}))
+        .block_on(
+            repo.maintenance()
+                .verify(&VerifyOptions::default(), &|_| {}),
+        )
         .unwrap();
     assert!(blobs.is_ok(), "every blob is intact: {blobs:?}");
     let deep = rt

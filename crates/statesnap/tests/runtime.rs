@@ -358,10 +358,12 @@ async fn plan_agrees_with_open_for_every_candidate_kind() {
     // Rot a blob of the newest snapshot: plan cannot see it (blobs are
     // verified by the restore), open falls back to the next step.
     let newest = repo
+        .catalog()
         .get_snapshot(&sk(), s20.snapshot.unwrap())
         .await
         .unwrap();
     let older = repo
+        .catalog()
         .get_snapshot(&sk(), s10.snapshot.unwrap())
         .await
         .unwrap();
@@ -521,7 +523,7 @@ async fn policy_triggers_take_snapshots_in_the_background() {
     assert_eq!(h.wait().await.snapshots_taken, 1);
     h.abandon().await;
     // Every snapshot restores exactly what the log held at its offset.
-    let list = repo.list_snapshots(&sk()).await.unwrap();
+    let list = repo.catalog().list_snapshots(&sk()).await.unwrap();
     assert_eq!(list.snapshots.len(), 2);
     let last = Handle::open(&m2, Kind::Memory, dir.path(), "check", None)
         .await
@@ -588,7 +590,7 @@ async fn failed_snapshots_back_off_and_recover() {
     assert_eq!((st.snapshots_taken, st.consecutive_failures), (1, 0));
     assert_eq!(st.last_error, None);
     assert_eq!(st.last_snapshot_offset, Some(49));
-    let list = repo.list_snapshots(&sk()).await.unwrap();
+    let list = repo.catalog().list_snapshots(&sk()).await.unwrap();
     assert_eq!(list.snapshots.len(), 1, "failed attempts committed nothing");
     assert!(list.unreadable.is_empty());
     h.abandon().await;
@@ -633,7 +635,7 @@ async fn triggers_coalesce_while_a_snapshot_is_in_flight_and_shutdown_cancels() 
     let st = h.wait().await;
     assert_eq!(st.snapshots_taken, 1);
     assert_eq!(st.last_error_kind, Some(ErrorKind::Cancelled), "{st:?}");
-    let list = repo.list_snapshots(&sk()).await.unwrap();
+    let list = repo.catalog().list_snapshots(&sk()).await.unwrap();
     assert_eq!(list.snapshots.len(), 1);
     // After shutdown the handle still commits, and takes no snapshots.
     write_batch(&mut h, &mut model, &mut rng, 5, 20);
@@ -905,7 +907,12 @@ async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
         assert!(h.wait().await.last_error.is_none());
         clock.advance_ms(1_000);
     }
-    let before = repo.list_snapshots(&sk()).await.unwrap().snapshots;
+    let before = repo
+        .catalog()
+        .list_snapshots(&sk())
+        .await
+        .unwrap()
+        .snapshots;
     assert_eq!(before.len(), 5);
     let blobs = |snaps: &[statesnap::repo::SnapshotInfo]| -> std::collections::BTreeMap<_, u64> {
         snaps
@@ -929,7 +936,12 @@ async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
         first[0].gc.blobs_deleted.is_empty(),
         "nothing swept inside the grace period"
     );
-    let kept = repo.list_snapshots(&sk()).await.unwrap().snapshots;
+    let kept = repo
+        .catalog()
+        .list_snapshots(&sk())
+        .await
+        .unwrap()
+        .snapshots;
     assert_eq!(kept.len(), 2);
     // Past the grace period a pass sweeps what only the dropped ones used.
     let mut swept = 0;
@@ -972,7 +984,13 @@ async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
         .unwrap();
     let mut left = usize::MAX;
     for _ in 0..1500 {
-        left = repo.list_snapshots(&sk()).await.unwrap().snapshots.len();
+        left = repo
+            .catalog()
+            .list_snapshots(&sk())
+            .await
+            .unwrap()
+            .snapshots
+            .len();
         if left == 1 {
             break;
         }
@@ -1005,6 +1023,7 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     }
     let portable = h.close().await;
     let portable = repo
+        .catalog()
         .get_snapshot(&sk(), portable.snapshot.unwrap())
         .await
         .unwrap()
@@ -1022,7 +1041,12 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     assert!(r.snapshot_now());
     let plain = r.wait().await.last_snapshot.unwrap();
     r.abandon().await;
-    let plain = repo.get_snapshot(&sk(), plain).await.unwrap().manifest;
+    let plain = repo
+        .catalog()
+        .get_snapshot(&sk(), plain)
+        .await
+        .unwrap()
+        .manifest;
     assert_eq!(plain.logical_digest, Some(d_portable));
     assert!(plain.stats.counts_exact);
     assert_eq!(plain.exact_keys(), Some(model.len() as u64));
@@ -1041,7 +1065,12 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     assert!(r.snapshot_now());
     let undigested = r.wait().await.last_snapshot.unwrap();
     r.abandon().await;
-    let undigested = repo.get_snapshot(&sk(), undigested).await.unwrap().manifest;
+    let undigested = repo
+        .catalog()
+        .get_snapshot(&sk(), undigested)
+        .await
+        .unwrap()
+        .manifest;
     assert_eq!(undigested.logical_digest, None);
     assert!(!undigested.stats.counts_exact);
     assert_eq!(undigested.exact_keys(), None);
@@ -1052,7 +1081,12 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     assert!(r.snapshot_now());
     let id = r.wait().await.last_snapshot.unwrap();
     r.abandon().await;
-    let rocks = repo.get_snapshot(&sk(), id).await.unwrap().manifest;
+    let rocks = repo
+        .catalog()
+        .get_snapshot(&sk(), id)
+        .await
+        .unwrap()
+        .manifest;
     let d_rocks = rocks.logical_digest.expect("recorded by default");
     let expected = statesnap::LogicalDigest::of_pairs(model.iter().map(|(k, v)| (&k[..], &v[..])));
     assert_eq!(d_rocks, expected);
@@ -1093,7 +1127,8 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     let mut lying = rocks.clone();
     lying.logical_digest = Some(d_portable);
     lying.seal().unwrap();
-    repo.delete_snapshot(&sk(), rocks.snapshot_id)
+    repo.catalog()
+        .delete_snapshot(&sk(), rocks.snapshot_id)
         .await
         .unwrap();
     repo.commit_manifest(&lying).await.unwrap();
@@ -1160,7 +1195,12 @@ async fn measured_replay_rates_travel_in_manifests() {
     assert!(h.snapshot_now());
     let id = h.wait().await.last_snapshot.unwrap();
     h.abandon().await;
-    let manifest = repo.get_snapshot(&sk(), id).await.unwrap().manifest;
+    let manifest = repo
+        .catalog()
+        .get_snapshot(&sk(), id)
+        .await
+        .unwrap()
+        .manifest;
     let recorded = manifest.measured.unwrap().replay_records_per_sec.unwrap();
     assert_eq!(recorded, measured as u64);
     let c = manager(repo.clone(), &clock, SnapshotPolicy::manual());
@@ -1201,6 +1241,7 @@ async fn every_transferred_byte_goes_through_the_bandwidth_limit() {
     }
     let closed = h.close().await;
     let uploaded = repo
+        .catalog()
         .get_snapshot(&sk(), closed.snapshot.unwrap())
         .await
         .unwrap()

@@ -346,7 +346,9 @@ where
     fn verify_snapshots(&mut self, rt: &tokio::runtime::Runtime) {
         self.faults_off();
         let lineage = self.log().lineage().unwrap();
-        let listing = rt.block_on(self.repo.list_snapshots(&sk())).unwrap();
+        let listing = rt
+            .block_on(self.repo.catalog().list_snapshots(&sk()))
+            .unwrap();
         // The fault-injecting store can leave a truncated manifest behind
         // a failed conditional put (real stores do not): it must read as
         // corrupt, and is then never used.
@@ -562,7 +564,9 @@ where
         }
         let lineage = self.log().lineage().unwrap();
         self.faults_off();
-        let listing = rt.block_on(self.repo.list_snapshots(&sk())).unwrap();
+        let listing = rt
+            .block_on(self.repo.catalog().list_snapshots(&sk()))
+            .unwrap();
         let parent = listing
             .snapshots
             .iter()
@@ -600,7 +604,9 @@ where
                 self.trace.push(format!("snapshot failed: {e}"));
                 // A lost acknowledgement: the manifest may be committed all
                 // the same — and then the log was flushed before it.
-                let now = rt.block_on(self.repo.list_snapshots(&sk())).unwrap();
+                let now = rt
+                    .block_on(self.repo.catalog().list_snapshots(&sk()))
+                    .unwrap();
                 if now.snapshots.len() > listing.snapshots.len()
                     || now
                         .snapshots
@@ -630,7 +636,7 @@ where
         let keep_last = 1 + self.rng.below(3) as usize;
         self.clock.advance_ms(2 * 3_600_000);
         let r = rt
-            .block_on(self.repo.gc_store(
+            .block_on(self.repo.maintenance().gc_store(
                 &sk(),
                 &GcOptions {
                     retention: Some(RetentionPolicy {
@@ -684,7 +690,9 @@ where
         // offset the log no longer holds.
         self.faults_off();
         let lineage = self.log().lineage().unwrap();
-        let listing = rt.block_on(self.repo.list_snapshots(&sk())).unwrap();
+        let listing = rt
+            .block_on(self.repo.catalog().list_snapshots(&sk()))
+            .unwrap();
         for s in &listing.snapshots {
             if disk_loss && s.manifest.changelog.lineage == lineage && s.offset() as usize >= end {
                 // What the disk took, the log hands out again: these

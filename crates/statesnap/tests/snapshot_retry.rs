@@ -76,7 +76,7 @@ async fn retried_after_sweep<F: StoreFormat>(
         )
         .await;
         assert!(
-            repo.blobs_present(&sk(), &m.files).await.unwrap(),
+            repo.blobs().blobs_present(&sk(), &m.files).await.unwrap(),
             "every blob the new snapshot names is in the repository"
         );
         retried.push(m.snapshot_id);

@@ -13,8 +13,10 @@ use crate::out::{self, Out};
 
 async fn run_gc(repo: &Repository, store: Option<&str>, opts: &GcOptions) -> Result<Vec<GcReport>> {
     match store {
-        Some(s) => Ok(vec![repo.gc_store(&store_key(s)?, opts).await?]),
-        None => repo.gc(opts).await,
+        Some(s) => Ok(vec![
+            repo.maintenance().gc_store(&store_key(s)?, opts).await?,
+        ]),
+        None => repo.maintenance().gc(opts).await,
     }
 }
 

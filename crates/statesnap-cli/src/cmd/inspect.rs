@@ -33,7 +33,7 @@ pub async fn init(a: &RepoArgs, out: Out) -> Result<ExitCode> {
 
 pub async fn stores(a: &RepoArgs, out: Out) -> Result<ExitCode> {
     let repo = open_repo(a).await?;
-    let all = repo.store_summaries().await?;
+    let all = repo.catalog().store_summaries().await?;
     let now = repo.clock().now_ms();
     if out.json {
         out.json(&json!(
@@ -84,7 +84,7 @@ pub async fn stores(a: &RepoArgs, out: Out) -> Result<ExitCode> {
 pub async fn list(a: &ListArgs, out: Out) -> Result<ExitCode> {
     let repo = open_repo(&a.repo).await?;
     let sk = store_key(&a.store.store)?;
-    let listing = repo.list_snapshots(&sk).await?;
+    let listing = repo.catalog().list_snapshots(&sk).await?;
     // No snapshots and no manifests at all: the store does not exist here
     // (as for `show`), likely a misspelling or another partition.
     if listing.snapshots.is_empty() && listing.unreadable.is_empty() {
@@ -312,7 +312,7 @@ pub async fn clone(a: &crate::args::CloneArgs, out: Out) -> Result<ExitCode> {
     let what = format!("copying {from} to {to}");
     let r = out
         .reading(&repo, &what, async |repo| {
-            repo.clone_snapshot(&from, id, &to).await
+            repo.maintenance().clone_snapshot(&from, id, &to).await
         })
         .await?;
     let m = &r.manifest;

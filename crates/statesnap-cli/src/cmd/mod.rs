@@ -57,9 +57,13 @@ pub fn store_key(s: &str) -> Result<StoreKey> {
 /// Snapshot `id` of `sk` (`latest`: the newest valid one). When the store
 /// has no snapshots at all, the not-found error names similar stores.
 pub async fn snapshot(repo: &Repository, sk: &StoreKey, id: &str) -> Result<SnapshotInfo> {
-    match repo.snapshot_or_latest(sk, snapshot_id(id)?).await {
+    match repo
+        .catalog()
+        .snapshot_or_latest(sk, snapshot_id(id)?)
+        .await
+    {
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            let listing = repo.list_snapshots(sk).await?;
+            let listing = repo.catalog().list_snapshots(sk).await?;
             if listing.snapshots.is_empty() && listing.unreadable.is_empty() {
                 Err(Error::new(
                     ErrorKind::NotFound,
@@ -92,7 +96,11 @@ pub async fn store_not_found(repo: &Repository, sk: &StoreKey) -> Error {
 /// "did you mean" with store partitions close to `sk` (other partitions
 /// of the same store, near spellings), or where to look.
 async fn similar_stores_hint(repo: &Repository, sk: &StoreKey) -> String {
-    let similar = repo.similar_stores(sk, 5).await.unwrap_or_default();
+    let similar = repo
+        .catalog()
+        .similar_stores(sk, 5)
+        .await
+        .unwrap_or_default();
     if similar.is_empty() {
         "`statesnap stores` lists the stores that have some".to_owned()
     } else {
@@ -193,7 +201,7 @@ impl FormatKind {
     /// The format of store `sk`'s newest snapshot (portable when it has
     /// none: any store can be rebuilt by replay into it).
     pub async fn of_store(repo: &Repository, sk: &StoreKey) -> Result<Self> {
-        match repo.latest(sk).await? {
+        match repo.catalog().latest(sk).await? {
             Some(s) => FormatKind::named(&s.manifest.store_format.name),
             None => Ok(FormatKind::default_for_replay()),
         }

@@ -32,8 +32,12 @@ pub async fn run(a: &VerifyArgs, out: Out) -> Result<ExitCode> {
         pb.set_position(p.bytes_checked);
     };
     let report: VerifyReport = match &a.store {
-        Some(s) => repo.verify_store(&store_key(s)?, &opts, &progress).await?,
-        None => repo.verify(&opts, &progress).await?,
+        Some(s) => {
+            repo.maintenance()
+                .verify_store(&store_key(s)?, &opts, &progress)
+                .await?
+        }
+        None => repo.maintenance().verify(&opts, &progress).await?,
     };
     pb.finish_and_clear();
     let deep = if a.deep {
@@ -73,7 +77,7 @@ async fn deep_checks(a: &VerifyArgs, repo: &statesnap::Repository, out: Out) -> 
     let mut deep = Vec::new();
     let stores = match &a.store {
         Some(s) => vec![store_key(s)?],
-        None => repo.list_stores().await?,
+        None => repo.catalog().list_stores().await?,
     };
     for sk in stores {
         let id = a.snapshot.as_deref().unwrap_or("latest");

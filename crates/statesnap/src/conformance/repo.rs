@@ -53,6 +53,7 @@ fn sk(store: &str, partition: u32) -> StoreKey {
 
 async fn put_file(repo: &Repository, sk: &StoreKey, path: &str, bytes: &[u8]) -> FileEntry {
     let out = repo
+        .blobs()
         .put_blob_bytes(sk, Bytes::copy_from_slice(bytes))
         .await
         .expect("put blob");
@@ -140,7 +141,11 @@ pub async fn conditional_create(repo: &Repository) {
     repo.commit_manifest(&m).await.expect("first create");
     let e = repo.commit_manifest(&m).await.expect_err("second create");
     assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
-    let got = repo.get_snapshot(&sk, m.snapshot_id).await.expect("get");
+    let got = repo
+        .catalog()
+        .get_snapshot(&sk, m.snapshot_id)
+        .await
+        .expect("get");
     assert_eq!(got.manifest, m);
 }
 
@@ -150,7 +155,11 @@ pub async fn blob_round_trip_and_dedupe(repo: &Repository) {
     let sk = sk("blobs", 0);
     for len in [0usize, 1, 1000, 300_000] {
         let data = Bytes::from(pattern(len, len as u8));
-        let first = repo.put_blob_bytes(&sk, data.clone()).await.expect("put");
+        let first = repo
+            .blobs()
+            .put_blob_bytes(&sk, data.clone())
+            .await
+            .expect("put");
         assert!(first.uploaded, "len={len}");
         assert_eq!(
             first.blob,
@@ -160,12 +169,16 @@ pub async fn blob_round_trip_and_dedupe(repo: &Repository) {
             }
         );
         let again = repo
+            .blobs()
             .put_blob_bytes(&sk, data.clone())
             .await
             .expect("put again");
         assert!(!again.uploaded, "dedupe len={len}");
         assert_eq!(
-            repo.get_blob_bytes(&sk, &first.blob).await.expect("get"),
+            repo.blobs()
+                .get_blob_bytes(&sk, &first.blob)
+                .await
+                .expect("get"),
             data
         );
     }
@@ -174,6 +187,7 @@ pub async fn blob_round_trip_and_dedupe(repo: &Repository) {
         size: 12,
     };
     let e = repo
+        .blobs()
         .get_blob_bytes(&sk, &missing)
         .await
         .expect_err("missing");
@@ -187,6 +201,7 @@ pub async fn large_blob_uses_multipart(repo: &Repository) {
     let data = pattern(21 << 20, 7);
     let hash = BlobHash::of(&data);
     let out = repo
+        .blobs()
         .put_blob_reader(&sk, &data[..])
         .await
         .expect("put large");
@@ -199,13 +214,15 @@ pub async fn large_blob_uses_multipart(repo: &Repository) {
         }
     );
     let again = repo
+        .blobs()
         .put_blob_reader(&sk, &data[..])
         .await
         .expect("put large again");
     assert!(!again.uploaded);
     let dir = tempfile::tempdir().expect("tempdir");
     let dest = dir.path().join("sub").join("big.sst");
-    repo.get_blob_to_file(&sk, &out.blob, &dest)
+    repo.blobs()
+        .get_blob_to_file(&sk, &out.blob, &dest)
         .await
         .expect("get to file");
     let back = std::fs::read(&dest).expect("read back");
@@ -226,6 +243,7 @@ pub async fn corrupt_blob_is_detected(repo: &Repository) {
     let sk = sk("corrupt", 0);
     let data = pattern(100_000, 3);
     let out = repo
+        .blobs()
         .put_blob_bytes(&sk, Bytes::from(data.clone()))
         .await
         .expect("put");
@@ -238,6 +256,7 @@ pub async fn corrupt_blob_is_detected(repo: &Repository) {
     let dir = tempfile::tempdir().expect("tempdir");
     let dest = dir.path().join("x.sst");
     ranged
+        .blobs()
         .get_blob_to_file(&sk, &out.blob, &dest)
         .await
         .expect("ranged download");
@@ -256,9 +275,14 @@ pub async fn corrupt_blob_is_detected(repo: &Repository) {
             .put(&key, PutPayload::from(stored))
             .await
             .expect("raw overwrite");
-        let e = repo.get_blob_bytes(&sk, &out.blob).await.expect_err(damage);
+        let e = repo
+            .blobs()
+            .get_blob_bytes(&sk, &out.blob)
+            .await
+            .expect_err(damage);
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{damage}: {e}");
         let e = repo
+            .blobs()
             .get_blob_to_file(&sk, &out.blob, &dest)
             .await
             .expect_err(damage);
@@ -269,6 +293,7 @@ pub async fn corrupt_blob_is_detected(repo: &Repository) {
             "{damage}: partial file left"
         );
         let e = ranged
+            .blobs()
             .get_blob_to_file(&sk, &out.blob, &dest)
             .await
             .expect_err(damage);
@@ -299,12 +324,12 @@ pub async fn listing_is_per_store(repo: &Repository) {
         }
     }
     for (i, k) in keys.iter().enumerate() {
-        let l = repo.list_snapshots(k).await.expect("list");
+        let l = repo.catalog().list_snapshots(k).await.expect("list");
         assert_eq!(l.snapshots.len(), i + 1, "{k}");
         assert!(l.unreadable.is_empty(), "{k}: {:?}", l.unreadable);
         assert!(l.snapshots.iter().all(|s| &s.manifest.store_key == k));
     }
-    let stores = repo.list_stores().await.expect("stores");
+    let stores = repo.catalog().list_stores().await.expect("stores");
     for k in &keys {
         assert!(stores.contains(k), "{k} missing from {stores:?}");
     }
@@ -319,20 +344,23 @@ pub async fn deletes(repo: &Repository) {
         .await
         .expect("a");
     let b = repo.commit(draft(&sk, 2, vec![f])).await.expect("b");
-    repo.delete_snapshot(&sk, b.snapshot_id)
+    repo.catalog()
+        .delete_snapshot(&sk, b.snapshot_id)
         .await
         .expect("delete");
-    let l = repo.list_snapshots(&sk).await.expect("list");
+    let l = repo.catalog().list_snapshots(&sk).await.expect("list");
     assert_eq!(
         l.snapshots.iter().map(|s| s.id()).collect::<Vec<_>>(),
         vec![a.snapshot_id]
     );
     let e = repo
+        .catalog()
         .delete_snapshot(&sk, b.snapshot_id)
         .await
         .expect_err("again");
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
     let e = repo
+        .catalog()
         .get_snapshot(&sk, b.snapshot_id)
         .await
         .expect_err("get deleted");
@@ -383,7 +411,7 @@ pub async fn catalog_sorts_adversarial_names(repo: &Repository) {
         )
         .await
         .expect("put");
-    let l = repo.list_snapshots(&sk).await.expect("list");
+    let l = repo.catalog().list_snapshots(&sk).await.expect("list");
     let got: Vec<(u64, u64)> = l
         .snapshots
         .iter()
@@ -394,11 +422,21 @@ pub async fn catalog_sorts_adversarial_names(repo: &Repository) {
     assert_eq!(got, want);
     assert_eq!(l.unreadable.len(), 2, "{:?}", l.unreadable);
     assert!(l.unreadable.iter().all(|u| u.kind == ErrorKind::Corrupt));
-    let latest = repo.latest(&sk).await.expect("latest").expect("some");
+    let latest = repo
+        .catalog()
+        .latest(&sk)
+        .await
+        .expect("latest")
+        .expect("some");
     assert_eq!(latest.offset(), u64::MAX);
     let at_or_before = |offset| {
         let sk = &sk;
-        async move { repo.at_or_before(sk, offset).await.expect("at_or_before") }
+        async move {
+            repo.catalog()
+                .at_or_before(sk, offset)
+                .await
+                .expect("at_or_before")
+        }
     };
     assert_eq!(at_or_before(9).await.map(|s| s.offset()), Some(2));
     // Two snapshots at offset 10: the one with the greater id.
@@ -406,7 +444,13 @@ pub async fn catalog_sorts_adversarial_names(repo: &Repository) {
     assert_eq!(at_10.map(|s| s.id().0.timestamp_ms()), Some(5));
     assert_eq!(at_or_before(1).await.map(|s| s.offset()), Some(0));
     let empty = self::sk("sort-empty", 0);
-    assert!(repo.latest(&empty).await.expect("latest").is_none());
+    assert!(
+        repo.catalog()
+            .latest(&empty)
+            .await
+            .expect("latest")
+            .is_none()
+    );
 }
 
 /// A commit naming a blob that is gone fails (stale) and writes nothing.
@@ -425,7 +469,8 @@ pub async fn commit_with_missing_reused_blob_fails(repo: &Repository) {
     assert_eq!(e.kind(), ErrorKind::Stale, "{e}");
     assert_eq!(e.reason(), Some(crate::Reason::GcRace), "{e}");
     assert!(
-        repo.list_snapshots(&sk)
+        repo.catalog()
+            .list_snapshots(&sk)
             .await
             .expect("list")
             .snapshots
@@ -447,7 +492,11 @@ pub async fn gc_keeps_referenced_and_sweeps_old_unreferenced(
         .expect("commit");
     let opts = GcOptions::default();
     // Young: nothing condemned.
-    let r = repo.gc_store(&sk, &opts).await.expect("gc young");
+    let r = repo
+        .maintenance()
+        .gc_store(&sk, &opts)
+        .await
+        .expect("gc young");
     assert!(
         r.blobs_condemned.is_empty() && r.blobs_deleted.is_empty(),
         "{r:?}"
@@ -457,7 +506,7 @@ pub async fn gc_keeps_referenced_and_sweeps_old_unreferenced(
         dry_run: true,
         ..opts.clone()
     };
-    let r = repo.gc_store(&sk, &dry).await.expect("dry");
+    let r = repo.maintenance().gc_store(&sk, &dry).await.expect("dry");
     assert_eq!(
         r.blobs_condemned
             .iter()
@@ -465,19 +514,33 @@ pub async fn gc_keeps_referenced_and_sweeps_old_unreferenced(
             .collect::<Vec<_>>(),
         vec![orphan.blake3]
     );
-    let r = repo.gc_store(&sk, &opts).await.expect("mark");
+    let r = repo.maintenance().gc_store(&sk, &opts).await.expect("mark");
     assert_eq!(r.blobs_condemned.len(), 1, "{r:?}");
     assert!(r.blobs_deleted.is_empty());
     let exists = |f: &FileEntry| {
         let (sk, hash) = (&sk, f.blake3);
-        async move { repo.head_blob(sk, &hash).await.expect("head").is_some() }
+        async move {
+            repo.blobs()
+                .head_blob(sk, &hash)
+                .await
+                .expect("head")
+                .is_some()
+        }
     };
     assert!(exists(&orphan).await, "mark must not delete");
     clock.advance_ms(HOUR_MS + 1);
-    let r = repo.gc_store(&sk, &dry).await.expect("dry sweep");
+    let r = repo
+        .maintenance()
+        .gc_store(&sk, &dry)
+        .await
+        .expect("dry sweep");
     assert_eq!(r.blobs_deleted.len(), 1, "{r:?}");
     assert!(exists(&orphan).await, "dry run deleted");
-    let r = repo.gc_store(&sk, &opts).await.expect("sweep");
+    let r = repo
+        .maintenance()
+        .gc_store(&sk, &opts)
+        .await
+        .expect("sweep");
     assert_eq!(
         r.blobs_deleted.iter().map(|b| b.blake3).collect::<Vec<_>>(),
         vec![orphan.blake3]
@@ -485,15 +548,21 @@ pub async fn gc_keeps_referenced_and_sweeps_old_unreferenced(
     assert_eq!(r.bytes_deleted, orphan.size);
     assert!(!exists(&orphan).await, "swept");
     assert!(exists(&kept).await, "referenced");
-    let latest = repo.latest(&sk).await.expect("latest").expect("some");
+    let latest = repo
+        .catalog()
+        .latest(&sk)
+        .await
+        .expect("latest")
+        .expect("some");
     for f in &latest.manifest.files {
-        repo.get_blob_bytes(&sk, &BlobRef::from(f))
+        repo.blobs()
+            .get_blob_bytes(&sk, &BlobRef::from(f))
             .await
             .expect("referenced blob intact");
     }
     // Nothing left to do.
     clock.advance_ms(2 * HOUR_MS);
-    let r = repo.gc_store(&sk, &opts).await.expect("idle");
+    let r = repo.maintenance().gc_store(&sk, &opts).await.expect("idle");
     assert!(
         r.blobs_condemned.is_empty() && r.blobs_deleted.is_empty(),
         "{r:?}"

@@ -122,16 +122,24 @@ pub struct ManifestKey {
 /// 150 bytes, so this allows ~400 000 files, far beyond any store.
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
-impl Repository {
+/// The catalog of a [`Repository`] ([`Repository::catalog`]): which stores
+/// and snapshots exist; reading, picking and deleting their manifests.
+#[derive(Debug, Clone, Copy)]
+pub struct Catalog<'a> {
+    pub(crate) repo: &'a Repository,
+}
+
+impl<'a> Catalog<'a> {
     /// Lists manifest keys of `sk` without reading them, sorted by
     /// `(offset, id)`; objects under `manifests/` that are not manifest keys
     /// come back as unreadable.
     pub async fn list_manifest_keys(
-        &self,
+        self,
         sk: &StoreKey,
     ) -> Result<(Vec<ManifestKey>, Vec<UnreadableManifest>)> {
         let prefix = paths::manifests_prefix(sk);
         let metas: Vec<_> = self
+            .repo
             .store
             .list(Some(&prefix))
             .try_collect()
@@ -159,8 +167,9 @@ impl Repository {
 
     /// Reads and verifies one manifest. A manifest larger than
     /// [`MAX_MANIFEST_BYTES`] is refused as corrupt before it is read.
-    pub async fn read_manifest(&self, key: &Path) -> Result<Manifest> {
+    pub async fn read_manifest(self, key: &Path) -> Result<Manifest> {
         let res = self
+            .repo
             .store
             .get(key)
             .await
@@ -180,14 +189,14 @@ impl Repository {
 
     /// Lists the snapshots of `sk`, reading every manifest (bounded
     /// parallelism). A manifest deleted while listing is skipped.
-    pub async fn list_snapshots(&self, sk: &StoreKey) -> Result<Listing> {
+    pub async fn list_snapshots(self, sk: &StoreKey) -> Result<Listing> {
         let (keys, mut unreadable) = self.list_manifest_keys(sk).await?;
         let results: Vec<(ManifestKey, Result<Manifest>)> = futures::stream::iter(keys)
             .map(|k| async move {
                 let r = self.read_manifest(&k.key).await;
                 (k, r)
             })
-            .buffer_unordered(self.transfer.parallelism.max(1) * 4)
+            .buffer_unordered(self.repo.transfer.parallelism.max(1) * 4)
             .collect()
             .await;
         let mut snapshots = Vec::new();
@@ -214,14 +223,14 @@ impl Repository {
     }
 
     /// The newest valid snapshot of `sk`.
-    pub async fn latest(&self, sk: &StoreKey) -> Result<Option<SnapshotInfo>> {
+    pub async fn latest(self, sk: &StoreKey) -> Result<Option<SnapshotInfo>> {
         Ok(self.list_snapshots(sk).await?.latest().cloned())
     }
 
     /// Snapshot `id` of `sk`, or its newest valid one when `id` is `None`
     /// (`not_found` when it has none).
     pub async fn snapshot_or_latest(
-        &self,
+        self,
         sk: &StoreKey,
         id: Option<SnapshotId>,
     ) -> Result<SnapshotInfo> {
@@ -237,11 +246,11 @@ impl Repository {
     }
 
     /// The newest valid snapshot of `sk` with offset `<= offset`.
-    pub async fn at_or_before(&self, sk: &StoreKey, offset: u64) -> Result<Option<SnapshotInfo>> {
+    pub async fn at_or_before(self, sk: &StoreKey, offset: u64) -> Result<Option<SnapshotInfo>> {
         Ok(self.list_snapshots(sk).await?.at_or_before(offset).cloned())
     }
 
-    async fn find_manifest_key(&self, sk: &StoreKey, id: SnapshotId) -> Result<ManifestKey> {
+    async fn find_manifest_key(self, sk: &StoreKey, id: SnapshotId) -> Result<ManifestKey> {
         let (keys, _) = self.list_manifest_keys(sk).await?;
         keys.into_iter().find(|k| k.name.id == id).ok_or_else(|| {
             Error::not_found(format!(
@@ -251,7 +260,7 @@ impl Repository {
     }
 
     /// The snapshot `id` of `sk`.
-    pub async fn get_snapshot(&self, sk: &StoreKey, id: SnapshotId) -> Result<SnapshotInfo> {
+    pub async fn get_snapshot(self, sk: &StoreKey, id: SnapshotId) -> Result<SnapshotInfo> {
         let k = self.find_manifest_key(sk, id).await?;
         let manifest = self.read_manifest(&k.key).await?;
         Ok(SnapshotInfo {
@@ -261,16 +270,17 @@ impl Repository {
     }
 
     /// Deletes snapshot `id` of `sk` (its manifest; blobs go with gc).
-    pub async fn delete_snapshot(&self, sk: &StoreKey, id: SnapshotId) -> Result<()> {
+    pub async fn delete_snapshot(self, sk: &StoreKey, id: SnapshotId) -> Result<()> {
         let k = self.find_manifest_key(sk, id).await?;
-        self.store
+        self.repo
+            .store
             .delete(&k.key)
             .await
             .map_err(|e| map_store_error(e, &format!("cannot delete manifest key=`{}`", k.key)))
     }
 
     /// [`Listing::summary`] of every store partition, sorted by key.
-    pub async fn store_summaries(&self) -> Result<Vec<StoreSummary>> {
+    pub async fn store_summaries(self) -> Result<Vec<StoreSummary>> {
         let mut out = Vec::new();
         for sk in self.list_stores().await? {
             let listing = self.list_snapshots(&sk).await?;
@@ -283,14 +293,15 @@ impl Repository {
     /// close to `sk` (for a "did you mean" when `sk` has no snapshots): the
     /// same application and store with other partitions first, then keys
     /// a few edits away; closest first. `sk` itself is never among them.
-    pub async fn similar_stores(&self, sk: &StoreKey, limit: usize) -> Result<Vec<StoreKey>> {
+    pub async fn similar_stores(self, sk: &StoreKey, limit: usize) -> Result<Vec<StoreKey>> {
         Ok(similar_store_keys(sk, &self.list_stores().await?, limit))
     }
 
     /// Every store partition with a folder in the repository, sorted.
-    pub async fn list_stores(&self) -> Result<Vec<StoreKey>> {
+    pub async fn list_stores(self) -> Result<Vec<StoreKey>> {
         let prefix = paths::stores_prefix();
         let res = self
+            .repo
             .store
             .list_with_delimiter(Some(&prefix))
             .await
@@ -306,7 +317,7 @@ impl Repository {
     }
 }
 
-/// The ranking behind [`Repository::similar_stores`].
+/// The ranking behind [`Catalog::similar_stores`](crate::repo::Catalog::similar_stores).
 pub(crate) fn similar_store_keys(
     sk: &StoreKey,
     candidates: &[StoreKey],

@@ -5,10 +5,10 @@
 use futures::{StreamExt, TryStreamExt};
 
 use super::manifest::{ManifestDraft, ManifestExtras};
-use super::{BlobHash, BlobRef, Manifest, Repository, SnapshotId, SnapshotWriter, StoreKey};
+use super::{BlobHash, BlobRef, Maintenance, Manifest, SnapshotId, SnapshotWriter, StoreKey};
 use crate::error::{Error, Result};
 
-/// What [`Repository::clone_snapshot`] did.
+/// What [`Maintenance::clone_snapshot`](crate::repo::Maintenance::clone_snapshot) did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CloneReport {
     /// The new snapshot, in the target store.
@@ -25,7 +25,7 @@ pub struct CloneReport {
     pub already_present: bool,
 }
 
-impl Repository {
+impl<'a> Maintenance<'a> {
     /// Copies snapshot `id` of store `from` (the newest when `None`) to
     /// store `to` as a new snapshot: every blob is read back through its
     /// hash check and stored under `to` (blobs `to` already holds are not
@@ -41,7 +41,7 @@ impl Repository {
     /// `from == to`, `not_found` when there is no such snapshot, `corrupt`
     /// when a blob fails its check (nothing is committed then).
     pub async fn clone_snapshot(
-        &self,
+        self,
         from: &StoreKey,
         id: Option<SnapshotId>,
         to: &StoreKey,
@@ -52,11 +52,11 @@ impl Repository {
                  target"
             )));
         }
-        let source = self.snapshot_or_latest(from, id).await?;
+        let source = self.repo.catalog().snapshot_or_latest(from, id).await?;
         let m = source.manifest;
         // Cloning the same snapshot again is a no-op: a second copy would
         // be a duplicate the target's listing shows twice.
-        let existing = self.list_snapshots(to).await?;
+        let existing = self.repo.catalog().list_snapshots(to).await?;
         if let Some(same) = existing
             .snapshots
             .iter()
@@ -77,17 +77,17 @@ impl Repository {
         // the way through.
         let copied: Vec<Option<u64>> = futures::stream::iter(distinct)
             .map(|blob| async move {
-                if self.head_blob(to, &blob.hash).await?.is_some() {
+                if self.repo.blobs().head_blob(to, &blob.hash).await?.is_some() {
                     return Ok::<_, Error>(None);
                 }
-                let bytes = self.get_blob_bytes(from, &blob).await?;
-                let out = self.put_blob_bytes(to, bytes).await?;
+                let bytes = self.repo.blobs().get_blob_bytes(from, &blob).await?;
+                let out = self.repo.blobs().put_blob_bytes(to, bytes).await?;
                 Ok(Some(out.blob.size))
             })
-            .buffer_unordered(self.transfer().parallelism.max(1))
+            .buffer_unordered(self.repo.transfer().parallelism.max(1))
             .try_collect()
             .await?;
-        let mut writer = SnapshotWriter::new(self, to.clone());
+        let mut writer = SnapshotWriter::new(self.repo, to.clone());
         for f in &m.files {
             writer.reuse(f.clone())?;
         }

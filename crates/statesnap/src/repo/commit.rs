@@ -120,7 +120,7 @@ impl Repository {
         size: u64,
         manifest_key: &object_store::path::Path,
     ) -> Result<()> {
-        match self.head_blob(sk, &hash).await? {
+        match self.blobs().head_blob(sk, &hash).await? {
             None => Err(Error::stale(format!(
                 "blob named by the snapshot is missing (a reused blob was garbage-collected?); retry \
                  the snapshot key=`{manifest_key}` blob=`{hash}`"
@@ -176,20 +176,29 @@ impl SnapshotWriter {
     /// Uploads the local file `local` as snapshot file `path`.
     pub async fn put_file(&mut self, path: &str, local: &std::path::Path) -> Result<FileEntry> {
         self.claim(path)?;
-        let out = self.repo.put_blob_file(&self.store_key, local).await?;
+        let out = self
+            .repo
+            .blobs()
+            .put_blob_file(&self.store_key, local)
+            .await?;
         Ok(self.add(path, out))
     }
 
     /// Uploads `bytes` as snapshot file `path`.
     pub async fn put_bytes(&mut self, path: &str, bytes: Bytes) -> Result<FileEntry> {
         self.claim(path)?;
-        let out = self.repo.put_blob_bytes(&self.store_key, bytes).await?;
+        let out = self
+            .repo
+            .blobs()
+            .put_blob_bytes(&self.store_key, bytes)
+            .await?;
         Ok(self.add(path, out))
     }
 
     /// Records a blob stored by the caller (e.g. uploads run concurrently
-    /// with [`Repository::put_blob_file`]) as snapshot file `path`; counted
-    /// as uploaded or reused per `out.uploaded`. Commit re-checks it.
+    /// with [`Blobs::put_blob_file`](super::Blobs::put_blob_file)) as snapshot
+    /// file `path`; counted as uploaded or reused per `out.uploaded`.
+    /// Commit re-checks it.
     pub fn add_uploaded(&mut self, path: &str, out: super::PutOutcome) -> Result<FileEntry> {
         self.claim(path)?;
         Ok(self.add(path, out))

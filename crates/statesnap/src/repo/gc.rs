@@ -18,7 +18,8 @@
 //! Retention-dropped manifests are deleted before the mark phase, so their
 //! blobs are condemned in the same run and swept one grace period later.
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,7 +28,7 @@ use std::time::Duration;
 use super::catalog::UnreadableManifest;
 use super::paths::{self, BlobHash, ParsedKey, SnapshotId, StoreKey};
 use super::retention::{self, RetentionPolicy};
-use super::{Repository, map_store_error};
+use super::{Maintenance, Repository, map_store_error};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Format version of condemnation records.
@@ -128,10 +129,7 @@ fn ms(d: Duration) -> i64 {
 async fn read_records(
     repo: &Repository,
     sk: &StoreKey,
-) -> Result<(
-    Vec<(object_store::path::Path, CondemnationRecord)>,
-    Vec<object_store::path::Path>,
-)> {
+) -> Result<(Vec<(Path, CondemnationRecord)>, Vec<Path>)> {
     let prefix = paths::gc_prefix(sk);
     let metas: Vec<_> = repo
         .store
@@ -224,38 +222,124 @@ fn encode_record(r: &CondemnationRecord) -> Result<PutPayload> {
         .map_err(|e| Error::internal("cannot serialize gc record").with_source(e))
 }
 
-impl Repository {
+impl<'a> Maintenance<'a> {
     /// Runs gc on every store of the repository.
-    pub async fn gc(&self, opts: &GcOptions) -> Result<Vec<GcReport>> {
+    pub async fn gc(self, opts: &GcOptions) -> Result<Vec<GcReport>> {
         let mut out = Vec::new();
-        for sk in self.list_stores().await? {
+        for sk in self.repo.catalog().list_stores().await? {
             out.push(self.gc_store(&sk, opts).await?);
         }
         Ok(out)
     }
 
     /// Runs one gc pass (retention, sweep of ripe records, mark) on `sk`.
-    pub async fn gc_store(&self, sk: &StoreKey, opts: &GcOptions) -> Result<GcReport> {
+    pub async fn gc_store(self, sk: &StoreKey, opts: &GcOptions) -> Result<GcReport> {
         let grace = ms(opts.grace);
-        let budget = ms(self.max_commit_duration);
+        let budget = ms(self.repo.max_commit_duration);
         if grace <= 0 || budget.saturating_mul(2) > grace {
             return Err(Error::config(format!(
                 "gc grace period must be positive and at least twice the commit budget grace_ms={grace} \
                  max_commit_ms={budget}"
             )));
         }
-        let dry = opts.dry_run;
-        let mut report = GcReport {
-            store_key: Some(sk.clone()),
-            dry_run: dry,
-            ..Default::default()
+        let mut pass = GcPass {
+            repo: self.repo,
+            sk,
+            grace,
+            dry: opts.dry_run,
+            t_start: self.repo.clock.now_ms(),
+            report: GcReport {
+                store_key: Some(sk.clone()),
+                dry_run: opts.dry_run,
+                ..Default::default()
+            },
         };
-        let t_start = self.clock.now_ms();
+        let listed = pass.list_blobs().await?;
+        let records = pass.seal_records().await?;
+        let (t_list, listing) = pass.list_manifests().await?;
+        let referenced = pass
+            .apply_retention(listing, opts.retention.as_ref())
+            .await?;
+        let (pending, swept) = pass.sweep(&records, &referenced, t_list).await?;
+        pass.mark(&listed.blobs, &referenced, &pending, &swept)
+            .await?;
+        pass.delete_staging(listed.staging).await?;
+        Ok(pass.report)
+    }
 
-        // (1) Blobs first: anything uploaded after this listing is not a
-        // candidate in this run.
+    /// Deletes `keys` through the store's `delete_stream`: one bulk request
+    /// per thousand keys on S3, concurrent single deletes elsewhere. A key
+    /// already gone counts as deleted (gc runs repeat each other's work).
+    /// The first other failure stops the deletes and is returned, naming
+    /// its key, as a single delete reports it.
+    ///
+    /// Results come in the order of `keys` (the `delete_stream` contract),
+    /// but an error may stand for a whole bulk request, and S3 reports one
+    /// key's failure inside a bulk request as a generic error without its
+    /// kind. So from the first generic error on, the remaining keys are
+    /// deleted one at a time, as before bulk deletes: every key is then
+    /// deleted or reported, with the error a single delete gives.
+    async fn delete_all_ignoring_missing(self, keys: Vec<Path>) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let requests = futures::stream::iter(keys.clone().into_iter().map(Ok)).boxed();
+        let mut results = self.repo.store.delete_stream(requests);
+        let mut n = 0;
+        while let Some(res) = results.next().await {
+            match res {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => n += 1,
+                Err(object_store::Error::Generic { .. }) => break,
+                Err(e) => {
+                    let key = keys.get(n).map(Path::as_ref).unwrap_or("");
+                    return Err(map_store_error(e, &format!("cannot delete key=`{key}`")));
+                }
+            }
+        }
+        drop(results);
+        for key in keys.get(n..).unwrap_or_default() {
+            self.delete_ignoring_missing(key).await?;
+        }
+        Ok(())
+    }
+
+    async fn delete_ignoring_missing(self, key: &Path) -> Result<()> {
+        match self.repo.store.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(map_store_error(e, &format!("cannot delete key=`{key}`"))),
+        }
+    }
+}
+
+/// One gc pass over one store: its settings, its clock reading at the
+/// start, and the report its phases fill in, one method per phase.
+struct GcPass<'a> {
+    repo: &'a Repository,
+    sk: &'a StoreKey,
+    /// The grace period, ms.
+    grace: i64,
+    dry: bool,
+    /// `t_start`: read before anything is listed.
+    t_start: i64,
+    report: GcReport,
+}
+
+/// What phase 1 lists.
+struct ListedBlobs {
+    /// Every blob of the store: size, last modified (ms).
+    blobs: BTreeMap<BlobHash, (u64, i64)>,
+    /// Staging objects older than the grace period.
+    staging: Vec<Path>,
+}
+
+impl GcPass<'_> {
+    /// (1) Blobs first: anything uploaded after this listing is not a
+    /// candidate in this run.
+    async fn list_blobs(&mut self) -> Result<ListedBlobs> {
+        let sk = self.sk;
         let prefix = paths::store_prefix(sk);
         let metas: Vec<_> = self
+            .repo
             .store
             .list(Some(&prefix))
             .try_collect()
@@ -270,26 +354,31 @@ impl Repository {
                 }
                 Some(ParsedKey::Staging(k, _))
                     if &k == sk
-                        && m.last_modified.timestamp_millis() < t_start.saturating_sub(grace) =>
+                        && m.last_modified.timestamp_millis()
+                            < self.t_start.saturating_sub(self.grace) =>
                 {
                     staging.push(m.location.clone());
                 }
                 _ => {}
             }
         }
-        report.blobs_listed = blobs.len();
-        report.bytes_listed = blobs.values().map(|(s, _)| s).sum();
+        self.report.blobs_listed = blobs.len();
+        self.report.bytes_listed = blobs.values().map(|(s, _)| s).sum();
+        Ok(ListedBlobs { blobs, staging })
+    }
 
-        // (2) Condemnation records; seal the unsealed ones with a clock
-        // reading taken after they were seen.
-        let (mut records, bad) = read_records(self, sk).await?;
-        let t_seen = self.clock.now_ms();
+    /// (2) Condemnation records; seal the unsealed ones with a clock
+    /// reading taken after they were seen. Unreadable records are deleted.
+    async fn seal_records(&mut self) -> Result<Vec<(Path, CondemnationRecord)>> {
+        let (mut records, bad) = read_records(self.repo, self.sk).await?;
+        let t_seen = self.repo.clock.now_ms();
         for (key, rec) in &mut records {
             if rec.sealed_at.is_none() {
                 rec.sealed_at = Some(t_seen);
-                report.records_sealed += 1;
-                if !dry {
-                    self.store
+                self.report.records_sealed += 1;
+                if !self.dry {
+                    self.repo
+                        .store
                         .put(key, encode_record(rec)?)
                         .await
                         .map_err(|e| {
@@ -298,17 +387,22 @@ impl Repository {
                 }
             }
         }
-        for key in bad {
-            report.records_dropped += 1;
-            if !dry {
-                self.delete_ignoring_missing(&key).await?;
-            }
+        self.report.records_dropped += bad.len();
+        if !self.dry {
+            self.repo
+                .maintenance()
+                .delete_all_ignoring_missing(bad)
+                .await?;
         }
+        Ok(records)
+    }
 
-        // (3) Manifests, listed only now. Anything we cannot understand
-        // (newer format, read failure) might reference any blob: stop.
-        let t_list = self.clock.now_ms();
-        let listing = self.list_snapshots(sk).await?;
+    /// (3) Manifests, listed only now (`t_list` is read first). Anything we
+    /// cannot understand (newer format, read failure) might reference any
+    /// blob: stop.
+    async fn list_manifests(&mut self) -> Result<(i64, super::Listing)> {
+        let t_list = self.repo.clock.now_ms();
+        let listing = self.repo.catalog().list_snapshots(self.sk).await?;
         if let Some(u) = listing
             .unreadable
             .iter()
@@ -325,71 +419,102 @@ impl Repository {
                 Error::config(msg)
             });
         }
-        report.unreadable = listing.unreadable.clone();
+        self.report.unreadable = listing.unreadable.clone();
+        Ok((t_list, listing))
+    }
 
-        // (4) Retention: delete dropped manifests before their blobs can be
-        // condemned.
+    /// (4) Retention: delete dropped manifests before their blobs can be
+    /// condemned. Returns the blobs the kept manifests reference.
+    async fn apply_retention(
+        &mut self,
+        listing: super::Listing,
+        policy: Option<&RetentionPolicy>,
+    ) -> Result<BTreeSet<BlobHash>> {
         let mut kept = listing.snapshots.clone();
-        if let Some(policy) = &opts.retention {
-            let plan = retention::plan(&listing.snapshots, policy, self.clock.now_ms());
-            let mut still = Vec::new();
-            for s in kept {
-                if plan.drops(s.id()) {
-                    if !dry {
-                        self.delete_ignoring_missing(&object_store::path::Path::from(
-                            s.key.as_str(),
-                        ))
-                        .await?;
-                    }
-                    report.manifests_deleted.push((s.id(), s.key.clone()));
-                } else {
-                    still.push(s);
-                }
+        if let Some(policy) = policy {
+            let plan = retention::plan(&listing.snapshots, policy, self.repo.clock.now_ms());
+            let (dropped, still): (Vec<_>, Vec<_>) =
+                kept.into_iter().partition(|s| plan.drops(s.id()));
+            if !self.dry {
+                let keys = dropped.iter().map(|s| Path::from(s.key.as_str()));
+                self.repo
+                    .maintenance()
+                    .delete_all_ignoring_missing(keys.collect())
+                    .await?;
             }
+            self.report
+                .manifests_deleted
+                .extend(dropped.iter().map(|s| (s.id(), s.key.clone())));
             kept = still;
         }
         let referenced: BTreeSet<BlobHash> = kept
             .iter()
             .flat_map(|s| s.manifest.files.iter().map(|f| f.blake3))
             .collect();
-        report.blobs_referenced = referenced.len();
+        self.report.blobs_referenced = referenced.len();
+        Ok(referenced)
+    }
 
-        // (5) Sweep records sealed at least one grace period before the
-        // manifest listing began.
+    /// (5) Sweep records sealed at least one grace period before the
+    /// manifest listing began. Returns the blobs of the records not yet
+    /// ripe, and the blobs swept.
+    async fn sweep(
+        &mut self,
+        records: &[(Path, CondemnationRecord)],
+        referenced: &BTreeSet<BlobHash>,
+        t_list: i64,
+    ) -> Result<(BTreeSet<BlobHash>, BTreeSet<BlobHash>)> {
         let mut pending: BTreeSet<BlobHash> = BTreeSet::new();
         let mut swept: BTreeSet<BlobHash> = BTreeSet::new();
-        for (key, rec) in &records {
+        let mut ripe_records = Vec::new();
+        for (key, rec) in records {
             let ripe = rec
                 .sealed_at
-                .is_some_and(|s| s.saturating_add(grace) <= t_list);
+                .is_some_and(|s| s.saturating_add(self.grace) <= t_list);
             if !ripe {
                 pending.extend(rec.blobs.iter().map(|b| b.blake3));
                 continue;
             }
             for b in &rec.blobs {
                 if referenced.contains(&b.blake3) {
-                    report.blobs_spared += 1;
+                    self.report.blobs_spared += 1;
                     continue;
                 }
                 if swept.insert(b.blake3) {
-                    if !dry {
-                        self.delete_ignoring_missing(&paths::blob(sk, &b.blake3))
-                            .await?;
-                    }
-                    report.bytes_deleted += b.size;
-                    report.blobs_deleted.push(*b);
+                    self.report.bytes_deleted += b.size;
+                    self.report.blobs_deleted.push(*b);
                 }
             }
-            // Only after its blobs are gone (a writer that finds no record
-            // must then find the blob missing).
-            if !dry {
-                self.delete_ignoring_missing(key).await?;
-            }
-            report.records_swept += 1;
+            ripe_records.push(key.clone());
+            self.report.records_swept += 1;
         }
+        if !self.dry {
+            let blobs = swept.iter().map(|h| paths::blob(self.sk, h)).collect();
+            self.repo
+                .maintenance()
+                .delete_all_ignoring_missing(blobs)
+                .await?;
+            // Only after their blobs are gone (a writer that finds no
+            // record must then find the blob missing); a failed blob
+            // delete above keeps every record.
+            self.repo
+                .maintenance()
+                .delete_all_ignoring_missing(ripe_records)
+                .await?;
+        }
+        Ok((pending, swept))
+    }
 
-        // (6) Mark: old, unreferenced, not yet condemned.
-        let cutoff = t_start.saturating_sub(grace);
+    /// (6) Mark: old, unreferenced, not yet condemned. Writes one record
+    /// naming them, then seals it.
+    async fn mark(
+        &mut self,
+        blobs: &BTreeMap<BlobHash, (u64, i64)>,
+        referenced: &BTreeSet<BlobHash>,
+        pending: &BTreeSet<BlobHash>,
+        swept: &BTreeSet<BlobHash>,
+    ) -> Result<()> {
+        let cutoff = self.t_start.saturating_sub(self.grace);
         let victims: Vec<CondemnedBlob> = blobs
             .iter()
             .filter(|(h, (_, modified))| {
@@ -403,64 +528,66 @@ impl Repository {
                 size: *size,
             })
             .collect();
-        for (h, (size, modified)) in &blobs {
+        for (h, (size, modified)) in blobs {
             if *modified >= cutoff
                 && !referenced.contains(h)
                 && !pending.contains(h)
                 && !swept.contains(h)
             {
-                report.blobs_too_young += 1;
-                report.bytes_too_young += size;
+                self.report.blobs_too_young += 1;
+                self.report.bytes_too_young += size;
             }
         }
-        if !victims.is_empty() {
-            report.bytes_condemned = victims.iter().map(|b| b.size).sum();
-            if !dry {
-                let key = paths::gc_record(sk, self.new_ulid());
-                let mut rec = CondemnationRecord {
-                    format_version: GC_RECORD_FORMAT_VERSION,
-                    condemned_at: self.clock.now_ms(),
-                    sealed_at: None,
-                    blobs: victims.clone(),
-                };
-                let create = PutOptions {
-                    mode: PutMode::Create,
-                    ..Default::default()
-                };
-                self.store
-                    .put_opts(&key, encode_record(&rec)?, create)
-                    .await
-                    .map_err(|e| {
-                        map_store_error(e, &format!("cannot write gc record key=`{key}`"))
-                    })?;
-                // Seen durable: seal now (a crash here leaves it to the next
-                // run to seal).
-                rec.sealed_at = Some(self.clock.now_ms());
-                self.store
-                    .put(&key, encode_record(&rec)?)
-                    .await
-                    .map_err(|e| {
-                        map_store_error(e, &format!("cannot seal gc record key=`{key}`"))
-                    })?;
-                report.records_sealed += 1;
-            }
-            report.blobs_condemned = victims;
+        if victims.is_empty() {
+            return Ok(());
         }
-
-        // (7) Staging objects of crashed large uploads.
-        for key in staging {
-            report.staging_deleted += 1;
-            if !dry {
-                self.delete_ignoring_missing(&key).await?;
-            }
+        self.report.bytes_condemned = victims.iter().map(|b| b.size).sum();
+        if !self.dry {
+            self.write_record(victims.clone()).await?;
+            self.report.records_sealed += 1;
         }
-        Ok(report)
+        self.report.blobs_condemned = victims;
+        Ok(())
     }
 
-    async fn delete_ignoring_missing(&self, key: &object_store::path::Path) -> Result<()> {
-        match self.store.delete(key).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(map_store_error(e, &format!("cannot delete key=`{key}`"))),
+    /// Phase 6's record: a conditional create, then, once the put has
+    /// returned, the rewrite that seals it.
+    async fn write_record(&self, victims: Vec<CondemnedBlob>) -> Result<()> {
+        let repo = self.repo;
+        let key = paths::gc_record(self.sk, repo.new_ulid());
+        let mut rec = CondemnationRecord {
+            format_version: GC_RECORD_FORMAT_VERSION,
+            condemned_at: repo.clock.now_ms(),
+            sealed_at: None,
+            blobs: victims,
+        };
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        repo.store
+            .put_opts(&key, encode_record(&rec)?, create)
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot write gc record key=`{key}`")))?;
+        // Seen durable: seal now (a crash here leaves it to the next
+        // run to seal).
+        rec.sealed_at = Some(repo.clock.now_ms());
+        repo.store
+            .put(&key, encode_record(&rec)?)
+            .await
+            .map_err(|e| map_store_error(e, &format!("cannot seal gc record key=`{key}`")))?;
+        Ok(())
+    }
+
+    /// (7) Staging objects of crashed large uploads.
+    async fn delete_staging(&mut self, staging: Vec<Path>) -> Result<()> {
+        self.report.staging_deleted += staging.len();
+        if !self.dry {
+            self.repo
+                .maintenance()
+                .delete_all_ignoring_missing(staging)
+                .await?;
         }
+        Ok(())
     }
 }

@@ -28,6 +28,7 @@ pub mod commit;
 pub mod faulty;
 pub mod gc;
 pub mod limit;
+pub mod maintenance;
 pub mod manifest;
 pub mod paths;
 pub mod retention;
@@ -43,12 +44,13 @@ use std::time::Duration;
 use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, ErrorKind, Result};
 
-pub use blob::{BlobRef, PutOutcome, RestoreSync, TransferOptions};
-pub use catalog::{Listing, SnapshotInfo, StoreSummary, UnreadableManifest};
+pub use blob::{BlobRef, Blobs, PutOutcome, RestoreSync, TransferOptions};
+pub use catalog::{Catalog, Listing, SnapshotInfo, StoreSummary, UnreadableManifest};
 pub use clone::CloneReport;
 pub use commit::SnapshotWriter;
 pub use gc::{GcOptions, GcReport};
 pub use limit::BandwidthLimit;
+pub use maintenance::Maintenance;
 pub(crate) use manifest::ManifestExtras;
 pub use manifest::{
     ChangelogPosition, FEATURE_INLINE_FILES, FileEntry, InlineFile, MAX_INLINE_FILE,
@@ -358,6 +360,21 @@ impl Repository {
         no_repository(&self.url)
     }
 
+    /// The catalog: stores and snapshots, their manifests.
+    pub fn catalog(&self) -> Catalog<'_> {
+        Catalog { repo: self }
+    }
+
+    /// Blob I/O: put, get and head of blobs, transfers of many at once.
+    pub fn blobs(&self) -> Blobs<'_> {
+        Blobs { repo: self }
+    }
+
+    /// Maintenance: gc and retention, verification, clones.
+    pub fn maintenance(&self) -> Maintenance<'_> {
+        Maintenance { repo: self }
+    }
+
     /// Builds the object store for `url` without touching the marker.
     pub(crate) async fn connect(
         url: &str,
@@ -375,39 +392,7 @@ impl Repository {
         let mut local = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match parsed.scheme() {
             "file" => {
-                let dir = parsed.to_file_path().map_err(|()| {
-                    Error::config(format!(
-                        "invalid file url: not an absolute local path url=`{url}`"
-                    ))
-                })?;
-                if dir.exists() && !dir.is_dir() {
-                    return Err(Error::config(format!(
-                        "the repository path is a file, not a repository directory url=`{url}` \
-                         path=`{}`; name the directory the repository is in (or, for init, a \
-                         new one)",
-                        dir.display()
-                    )));
-                }
-                if create_dir {
-                    tokio::fs::create_dir_all(&dir).await.map_err(|e| {
-                        Error::io(
-                            format!(
-                                "cannot create repository directory path=`{}`",
-                                dir.display()
-                            ),
-                            e,
-                        )
-                    })?;
-                } else if !dir.is_dir() {
-                    return Err(no_repository(url));
-                }
-                // fsync: a blob must be durable before a manifest names it.
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| {
-                        map_store_error(e, &format!("cannot open local repository url=`{url}`"))
-                    })?
-                    .with_fsync(true);
-                let fs = Arc::new(fs);
+                let fs = connect_file(&parsed, url, create_dir).await?;
                 local = Some(fs.clone());
                 (fs, String::new())
             }
@@ -415,43 +400,10 @@ impl Repository {
                 let name = format!("{}{}", parsed.host_str().unwrap_or(""), parsed.path());
                 (named_memory_store(&name), String::new())
             }
-            "s3" | "s3a" => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url);
-                for (k, v) in &opts.store_options {
-                    let key =
-                        parse_config_key::<object_store::aws::AmazonS3ConfigKey>(k, "aws_", url)?;
-                    b = b.with_config(key, v);
-                }
-                check_s3_credentials(&b, url).await?;
-                // The builder does no I/O: whatever it refuses is configuration.
-                let s3 = b.build().map_err(|e| {
-                    Error::config(format!("cannot configure s3 url=`{url}`: {e}")).with_source(e)
-                })?;
-                (Arc::new(s3), parsed.path().to_owned())
-            }
-            "gs" => {
-                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
-                for (k, v) in &opts.store_options {
-                    let key =
-                        parse_config_key::<object_store::gcp::GoogleConfigKey>(k, "google_", url)?;
-                    b = b.with_config(key, v);
-                }
-                let gcs = b.build().map_err(|e| {
-                    Error::config(format!("cannot configure gcs url=`{url}`: {e}")).with_source(e)
-                })?;
-                (Arc::new(gcs), parsed.path().to_owned())
-            }
+            "s3" | "s3a" => (connect_s3(url, &opts).await?, parsed.path().to_owned()),
+            "gs" => (connect_gcs(url, &opts)?, parsed.path().to_owned()),
             "az" | "abfs" | "abfss" | "azure" => {
-                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url);
-                for (k, v) in &opts.store_options {
-                    let key =
-                        parse_config_key::<object_store::azure::AzureConfigKey>(k, "azure_", url)?;
-                    b = b.with_config(key, v);
-                }
-                let az = b.build().map_err(|e| {
-                    Error::config(format!("cannot configure azure url=`{url}`: {e}")).with_source(e)
-                })?;
-                (Arc::new(az), parsed.path().to_owned())
+                (connect_azure(url, &opts)?, parsed.path().to_owned())
             }
             other => {
                 return Err(Error::config(format!(
@@ -465,6 +417,88 @@ impl Repository {
         repo.local = local;
         Ok(repo)
     }
+}
+
+/// A `file://` repository's store: the directory checked (and created, for
+/// `init`), opened with fsync.
+async fn connect_file(
+    parsed: &url::Url,
+    url: &str,
+    create_dir: bool,
+) -> Result<Arc<object_store::local::LocalFileSystem>> {
+    let dir = parsed.to_file_path().map_err(|()| {
+        Error::config(format!(
+            "invalid file url: not an absolute local path url=`{url}`"
+        ))
+    })?;
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::config(format!(
+            "the repository path is a file, not a repository directory url=`{url}` \
+             path=`{}`; name the directory the repository is in (or, for init, a \
+             new one)",
+            dir.display()
+        )));
+    }
+    if create_dir {
+        tokio::fs::create_dir_all(&dir).await.map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot create repository directory path=`{}`",
+                    dir.display()
+                ),
+                e,
+            )
+        })?;
+    } else if !dir.is_dir() {
+        return Err(no_repository(url));
+    }
+    // fsync: a blob must be durable before a manifest names it.
+    let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+        .map_err(|e| map_store_error(e, &format!("cannot open local repository url=`{url}`")))?
+        .with_fsync(true);
+    Ok(Arc::new(fs))
+}
+
+/// An `s3://` repository's store: environment, then options, then the
+/// credential check.
+async fn connect_s3(url: &str, opts: &RepositoryOptions) -> Result<Arc<dyn ObjectStore>> {
+    let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url);
+    for (k, v) in &opts.store_options {
+        let key = parse_config_key::<object_store::aws::AmazonS3ConfigKey>(k, "aws_", url)?;
+        b = b.with_config(key, v);
+    }
+    check_s3_credentials(&b, url).await?;
+    // The builder does no I/O: whatever it refuses is configuration.
+    let s3 = b.build().map_err(|e| {
+        Error::config(format!("cannot configure s3 url=`{url}`: {e}")).with_source(e)
+    })?;
+    Ok(Arc::new(s3))
+}
+
+/// A `gs://` repository's store: environment, then options.
+fn connect_gcs(url: &str, opts: &RepositoryOptions) -> Result<Arc<dyn ObjectStore>> {
+    let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
+    for (k, v) in &opts.store_options {
+        let key = parse_config_key::<object_store::gcp::GoogleConfigKey>(k, "google_", url)?;
+        b = b.with_config(key, v);
+    }
+    let gcs = b.build().map_err(|e| {
+        Error::config(format!("cannot configure gcs url=`{url}`: {e}")).with_source(e)
+    })?;
+    Ok(Arc::new(gcs))
+}
+
+/// An `az://` repository's store: environment, then options.
+fn connect_azure(url: &str, opts: &RepositoryOptions) -> Result<Arc<dyn ObjectStore>> {
+    let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url);
+    for (k, v) in &opts.store_options {
+        let key = parse_config_key::<object_store::azure::AzureConfigKey>(k, "azure_", url)?;
+        b = b.with_config(key, v);
+    }
+    let az = b.build().map_err(|e| {
+        Error::config(format!("cannot configure azure url=`{url}`: {e}")).with_source(e)
+    })?;
+    Ok(Arc::new(az))
 }
 
 /// The error for a location without a repository marker: how to create one.

@@ -362,7 +362,7 @@ pub enum ParsedKey {
     Staging(StoreKey, ulid::Ulid),
     /// A gc condemnation record.
     GcRecord(StoreKey, ulid::Ulid),
-    /// A blob [`crate::repo::Repository::verify`] found bad and moved aside.
+    /// A blob [`Maintenance::verify`](crate::repo::Maintenance::verify) found bad and moved aside.
     Quarantined(StoreKey, BlobHash, ulid::Ulid),
 }
 

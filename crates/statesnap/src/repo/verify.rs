@@ -4,8 +4,8 @@
 //! A blob is deduplicated by name (its hash) and size: a writer that finds
 //! `blobs/<hash>` present does not upload it again. If the stored bytes rot
 //! (or were cut short by a broken upload path), every later snapshot would
-//! keep naming the bad blob. [`Repository::verify`] finds such blobs and, with
-//! [`VerifyOptions::quarantine`], moves each to
+//! keep naming the bad blob. [`Maintenance::verify`] finds such blobs and,
+//! with [`VerifyOptions::quarantine`], moves each to
 //! `stores/<sk>/quarantine/<hash>-<ulid>`: the blob key is then absent, so the
 //! next snapshot of a store that still has those bytes uploads them again
 //! (dedup never trusts a blob verify found bad), and snapshots naming it fail
@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::catalog::UnreadableManifest;
 use super::paths::{self, BlobHash, SnapshotId, StoreKey};
-use super::{BlobRef, Repository, map_store_error};
+use super::{BlobRef, Maintenance, map_store_error};
 use crate::error::{ErrorKind, Result};
 
-/// What [`Repository::verify`] does with what it finds.
+/// What [`Maintenance::verify`] does with what it finds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VerifyOptions {
     /// Move bad blobs (wrong size or hash) to the store's quarantine prefix
@@ -126,15 +126,15 @@ impl VerifyReport {
     }
 }
 
-impl Repository {
-    /// Verifies every store of the repository; see [`Repository::verify_store`].
+impl<'a> Maintenance<'a> {
+    /// Verifies every store of the repository; see [`Maintenance::verify_store`].
     pub async fn verify(
-        &self,
+        self,
         opts: &VerifyOptions,
         progress: &(dyn Fn(&VerifyProgress) + Sync),
     ) -> Result<VerifyReport> {
         let mut all = VerifyReport::default();
-        for sk in self.list_stores().await? {
+        for sk in self.repo.catalog().list_stores().await? {
             let r = self.verify_store(&sk, opts, progress).await?;
             all.stores += r.stores;
             all.snapshots += r.snapshots;
@@ -154,12 +154,12 @@ impl Repository {
     /// is reported). A transient failure (the repository is
     /// unreachable) is returned as an error: nothing is concluded from it.
     pub async fn verify_store(
-        &self,
+        self,
         sk: &StoreKey,
         opts: &VerifyOptions,
         progress: &(dyn Fn(&VerifyProgress) + Sync),
     ) -> Result<VerifyReport> {
-        let listing = self.list_snapshots(sk).await?;
+        let listing = self.repo.catalog().list_snapshots(sk).await?;
         // hash -> (size, referencing snapshots)
         let mut blobs: BTreeMap<BlobHash, (u64, Vec<SnapshotId>)> = BTreeMap::new();
         for s in &listing.snapshots {
@@ -190,7 +190,7 @@ impl Repository {
                     (hash, size, refs, r)
                 }
             }))
-            .buffer_unordered(self.transfer.parallelism.max(1))
+            .buffer_unordered(self.repo.transfer.parallelism.max(1))
             .collect()
             .await;
         let mut report = VerifyReport {
@@ -243,21 +243,21 @@ impl Repository {
     }
 
     /// Streams a blob through its size and hash check, keeping nothing.
-    async fn read_through(&self, sk: &StoreKey, blob: &BlobRef) -> Result<()> {
-        let mut r = self.open_blob(sk, blob).await?;
+    async fn read_through(self, sk: &StoreKey, blob: &BlobRef) -> Result<()> {
+        let mut r = self.repo.blobs().open_blob(sk, blob).await?;
         while r.next_chunk().await?.is_some() {}
         Ok(())
     }
 
     /// Copies a bad blob to the quarantine prefix, then deletes it from the
     /// blob space. Returns the quarantine key.
-    async fn quarantine_blob(&self, sk: &StoreKey, hash: &BlobHash) -> Result<String> {
+    async fn quarantine_blob(self, sk: &StoreKey, hash: &BlobHash) -> Result<String> {
         let from = paths::blob(sk, hash);
-        let to = paths::quarantine(sk, hash, self.new_ulid());
-        self.store.copy(&from, &to).await.map_err(|e| {
+        let to = paths::quarantine(sk, hash, self.repo.new_ulid());
+        self.repo.store.copy(&from, &to).await.map_err(|e| {
             map_store_error(e, &format!("cannot quarantine blob key=`{from}` to=`{to}`"))
         })?;
-        match self.store.delete(&from).await {
+        match self.repo.store.delete(&from).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(to.to_string()),
             Err(e) => Err(map_store_error(
                 e,

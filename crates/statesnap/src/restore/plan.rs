@@ -523,7 +523,7 @@ pub async fn plan_restore<F: StoreFormat, C: Changelog + ?Sized>(
     let listing = if options.full_replay {
         Default::default()
     } else {
-        repo.list_snapshots(store_key).await?
+        repo.catalog().list_snapshots(store_key).await?
     };
     plan_with(
         format, listing, store_key, changelog, target, options, &facts,

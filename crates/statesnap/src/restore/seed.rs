@@ -72,7 +72,7 @@ pub async fn seed_store<F: StoreFormat, C: Changelog + ?Sized>(
         ))
         .with_reason(crate::Reason::AlreadyExists));
     }
-    if let Some(existing) = repo.latest(to).await? {
+    if let Some(existing) = repo.catalog().latest(to).await? {
         return Err(Error::new(
             ErrorKind::AlreadyExists,
             format!(
@@ -83,7 +83,7 @@ pub async fn seed_store<F: StoreFormat, C: Changelog + ?Sized>(
         )
         .with_reason(crate::Reason::AlreadyExists));
     }
-    let source = repo.snapshot_or_latest(from, snapshot).await?;
+    let source = repo.catalog().snapshot_or_latest(from, snapshot).await?;
     if std::fs::symlink_metadata(scratch).is_ok() {
         return Err(Error::config(format!(
             "the scratch directory already exists path=`{}`; give a path that does not exist",

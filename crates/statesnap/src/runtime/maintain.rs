@@ -64,7 +64,7 @@ impl StateManager {
                 continue;
             };
             let key = &shared.key;
-            let listing = repo.list_snapshots(key).await?;
+            let listing = repo.catalog().list_snapshots(key).await?;
             let plan = plan_for_changelog(
                 &listing.snapshots,
                 &m.retention,
@@ -73,9 +73,10 @@ impl StateManager {
             )?;
             drop(changelog);
             for (id, _) in &plan.drop {
-                repo.delete_snapshot(key, *id).await?;
+                repo.catalog().delete_snapshot(key, *id).await?;
             }
             let gc = repo
+                .maintenance()
                 .gc_store(
                     key,
                     &GcOptions {

@@ -95,7 +95,7 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
                     .map(|f| {
                         let (repo, sk) = (&repo, &sk);
                         async move {
-                            let b = repo.get_blob_bytes(sk, &BlobRef::from(&f)).await?;
+                            let b = repo.blobs().get_blob_bytes(sk, &BlobRef::from(&f)).await?;
                             Ok::<_, Error>((f.path, b))
                         }
                     })

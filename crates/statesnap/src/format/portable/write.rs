@@ -184,7 +184,11 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         let mut base = self.delta_base(ctx.parent);
         if base.is_some()
             && let Some(parent) = ctx.parent
-            && !ctx.repo.blobs_present(ctx.store_key, &parent.files).await?
+            && !ctx
+                .repo
+                .blobs()
+                .blobs_present(ctx.store_key, &parent.files)
+                .await?
         {
             tracing::warn!(
                 parent = %parent.snapshot_id,
