@@ -80,6 +80,20 @@ pub(crate) async fn blocking<T: Send + 'static>(
     }
 }
 
+/// [`blocking`] for `std::io` work (local file I/O whose errors the caller
+/// maps itself).
+pub(crate) async fn blocking_io<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => handle
+            .spawn_blocking(f)
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e))),
+        Err(_) => f(),
+    }
+}
+
 /// Runs blocking work that borrows from its caller (a replay reading a
 /// borrowed changelog, a RocksDB open through a borrowed format) from an
 /// async function: on a multi-thread runtime's worker through

@@ -59,7 +59,8 @@ pub(super) async fn download_one(
     dest: PathBuf,
     sync: bool,
 ) -> Result<()> {
-    repo.blobs().get_blob_to_file_with(sk, &BlobRef::from(&f), &dest, sync)
+    repo.blobs()
+        .get_blob_to_file_with(sk, &BlobRef::from(&f), &dest, sync)
         .await
         .map_err(|e| {
             Error::new(

@@ -32,7 +32,8 @@ pub(super) async fn write_step(
         let (repo, sk) = (&repo, &sk);
         async move {
             Ok::<_, Error>(
-                repo.blobs().head_blob(sk, &hash)
+                repo.blobs()
+                    .head_blob(sk, &hash)
                     .await?
                     .is_some_and(|i| i.size == size),
             )
@@ -68,7 +69,9 @@ pub(super) async fn write_step(
         }
         // An SST is never written again once RocksDB finished it: a local
         // repository may link it (`TransferOptions::link_immutable_files`).
-        _ if is_immutable(&name) => Done::Stored(repo.blobs().put_immutable_file(&sk, &local).await?),
+        _ if is_immutable(&name) => {
+            Done::Stored(repo.blobs().put_immutable_file(&sk, &local).await?)
+        }
         _ => Done::Stored(repo.blobs().put_blob_file(&sk, &local).await?),
     };
     Ok((name, done))

@@ -42,6 +42,7 @@ use object_store::path::Path;
 use crate::error::{Error, Result};
 use crate::repo::paths::{self, BlobHash, StoreKey};
 use crate::repo::{Repository, map_store_error};
+use crate::util::blocking_io;
 
 pub use reader::BlobReader;
 
@@ -227,13 +228,4 @@ impl<'a> Blobs<'a> {
             .await?;
         Ok(found.into_iter().all(|b| b))
     }
-}
-
-/// Runs blocking file I/O off the async threads.
-async fn blocking_io<T: Send + 'static>(
-    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-) -> std::io::Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
 }

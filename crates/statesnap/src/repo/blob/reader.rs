@@ -148,12 +148,11 @@ impl BlobReader {
             let mut hasher = std::mem::take(&mut self.hasher);
             let counter = self.counter.clone();
             let out = out.clone();
-            let copied = tokio::task::spawn_blocking(move || {
+            let copied = crate::util::blocking(move || {
                 let r = copy_hashed(&local, want, &mut hasher, &out, pos, counter.as_deref());
-                (hasher, local.path, r)
+                Ok((hasher, local.path, r))
             })
-            .await
-            .map_err(|e| Error::internal(format!("a blob copy task failed: {e}")))?;
+            .await?;
             let (hasher, path, r) = copied;
             self.hasher = hasher;
             self.seen = match r {
@@ -287,13 +286,13 @@ fn local_stream(
             return Ok(None);
         }
         let n = (want - done).min(LOCAL_READ_BYTES);
-        let (local, read) = tokio::task::spawn_blocking(move || {
+        let (local, read) = crate::util::blocking_io(move || {
             let mut buf = vec![0u8; usize::try_from(n).unwrap_or(0)];
             let r = crate::util::read_at(&local.file, &mut buf, local.start + done).map(|got| {
                 buf.truncate(got);
                 buf
             });
-            (local, r)
+            Ok((local, r))
         })
         .await
         .map_err(|e| object_store::Error::Generic {
