@@ -471,6 +471,47 @@ async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
     options: &RestoreOptions,
 ) -> Result<(F::Store, RestoreReport)> {
     let started = Instant::now();
+    let ((mut store, transfer, source), failed) =
+        first_usable_source(format, repo, target, &plan, options).await?;
+    let snapshot_duration = started.elapsed();
+    let (snapshot, snapshot_offset) = match source {
+        Source::Snapshot { id, offset } => (Some(id), Some(offset)),
+        _ => (None, None),
+    };
+    if source == Source::FullReplay && !plan.manifests.is_empty() {
+        tracing::warn!(store_key = %plan.store_key, "no usable snapshot; rebuilding by full replay");
+    }
+    let replay = replay_tail(&mut store, changelog, &plan, snapshot_offset, options)?;
+    let skipped = skipped_snapshots(&plan, &source, failed);
+    let unreadable = plan.unreadable.clone();
+    Ok((
+        store,
+        RestoreReport {
+            source,
+            plan,
+            snapshot,
+            snapshot_offset,
+            skipped,
+            unreadable,
+            transfer,
+            snapshot_duration,
+            replay,
+        },
+    ))
+}
+
+/// Tries the plan's steps in order until one gives a store: the local
+/// store, a snapshot (digest-checked when asked), or an empty store for a
+/// full replay. A transient or cancelled step ends the restore; any other
+/// failure is recorded and the next step tried.
+#[allow(clippy::type_complexity)]
+async fn first_usable_source<F: StoreFormat>(
+    format: &F,
+    repo: &Repository,
+    target: &Path,
+    plan: &RestorePlan,
+    options: &RestoreOptions,
+) -> Result<((F::Store, RestoreStats, Source), Vec<SkippedSnapshot>)> {
     let mut failed: Vec<SkippedSnapshot> = Vec::new();
     let mut restored = None;
     // A snapshot restored over the local store and then refused (digest)
@@ -527,24 +568,28 @@ async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
             }
         }
     }
-    let snapshot_duration = started.elapsed();
-    let Some((mut store, transfer, source)) = restored else {
+    let Some(restored) = restored else {
         return Err(Error::internal(format!(
             "restore plan has no step left store_key=`{}`",
             plan.store_key
         )));
     };
-    let (snapshot, snapshot_offset) = match source {
-        Source::Snapshot { id, offset } => (Some(id), Some(offset)),
-        _ => (None, None),
-    };
-    if source == Source::FullReplay && !plan.manifests.is_empty() {
-        tracing::warn!(store_key = %plan.store_key, "no usable snapshot; rebuilding by full replay");
-    }
+    Ok((restored, failed))
+}
+
+/// Binds a restored snapshot's store to `changelog`, checks that it sits at
+/// the snapshot's offset, and replays the tail (up to `options.until`).
+fn replay_tail<S: StateStore, C: Changelog + ?Sized>(
+    store: &mut S,
+    changelog: &C,
+    plan: &RestorePlan,
+    snapshot_offset: Option<u64>,
+    options: &RestoreOptions,
+) -> Result<ReplayReport> {
     if snapshot_offset.is_some() {
         // A restored store follows the changelog its snapshot was taken
         // from (invariant 10); bind it before replaying the tail.
-        bind_restored(&mut store, &ChangelogBinding::of(changelog)?)?;
+        bind_restored(store, &ChangelogBinding::of(changelog)?)?;
     }
     if let Some(o) = snapshot_offset {
         let applied = store.applied_offset()?;
@@ -562,20 +607,22 @@ async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
         let to = options.until.map_or(end, |u| u.saturating_add(1).min(end));
         p.replay_started(from, to);
     }
-    let replay = blocking_here(|| {
-        replay_until(
-            &mut store,
-            changelog,
-            &options.replay,
-            options.until,
-            &mut |r| {
-                if let Some(p) = &options.progress {
-                    p.replayed(r);
-                }
-            },
-        )
-    })?;
-    // Skipped: snapshots newer than the source, rejected or failed.
+    blocking_here(|| {
+        replay_until(store, changelog, &options.replay, options.until, &mut |r| {
+            if let Some(p) = &options.progress {
+                p.replayed(r);
+            }
+        })
+    })
+}
+
+/// Skipped: snapshots newer than the source, rejected by the plan or
+/// failed, newest first.
+fn skipped_snapshots(
+    plan: &RestorePlan,
+    source: &Source,
+    failed: Vec<SkippedSnapshot>,
+) -> Vec<SkippedSnapshot> {
     let start = source.start_offset();
     let mut skipped: Vec<SkippedSnapshot> = plan
         .rejected
@@ -594,19 +641,5 @@ async fn execute<F: StoreFormat, C: Changelog + ?Sized>(
         .chain(failed)
         .collect();
     skipped.sort_by_key(|s| std::cmp::Reverse((s.offset, s.id)));
-    let unreadable = plan.unreadable.clone();
-    Ok((
-        store,
-        RestoreReport {
-            source,
-            plan,
-            snapshot,
-            snapshot_offset,
-            skipped,
-            unreadable,
-            transfer,
-            snapshot_duration,
-            replay,
-        },
-    ))
+    skipped
 }

@@ -540,48 +540,9 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
     facts: &LogFacts,
 ) -> Result<RestorePlan> {
     let until = options.until;
-    if let Some(u) = until
-        && u >= facts.end
-    {
-        let holds = match facts.end {
-            0 => "it holds no record".to_owned(),
-            e => format!("its last record is at offset {}", e - 1),
-        };
-        return Err(Error::config(format!(
-            "point in time is past the changelog's end store_key=`{store_key}` changelog=`{}` \
-             until={u} end_offset={}: {holds}; give an offset below the end, or none for the \
-             newest state",
-            facts.id(),
-            facts.end
-        ))
-        .with_reason(crate::Reason::PastEnd));
-    }
+    check_until(store_key, facts, until)?;
     let mut rejected = Vec::new();
-    let mut local = None;
-    if options.local_first && !options.full_replay {
-        match crate::util::blocking_here(|| format.inspect_local(target)) {
-            Ok(None) => {}
-            Ok(Some(info)) => {
-                let source = Source::Local {
-                    applied_offset: info.applied_offset,
-                };
-                match check_local(&info, changelog, facts, until)
-                    .and_then(|()| check_point_in_time(changelog, facts, &source, until))
-                {
-                    Ok(()) => local = info.applied_offset,
-                    Err(e) if aborts(&e) => return Err(e),
-                    Err(e) => rejected.push(rejection(source, &e)),
-                }
-            }
-            Err(e) if aborts(&e) => return Err(e),
-            Err(e) => rejected.push(rejection(
-                Source::Local {
-                    applied_offset: None,
-                },
-                &e,
-            )),
-        }
-    }
+    let local = local_candidate(format, changelog, target, options, facts, &mut rejected)?;
     let mut steps = Vec::new();
     let mut manifests = Vec::new();
     let mut local_placed = false;
@@ -626,14 +587,7 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
             ));
             local_placed = true;
         }
-        let size: u64 = snap.manifest.files.iter().map(|f| f.size).sum();
-        let here = local_bytes(format, &snap.manifest, target);
-        steps.push(PlanStep {
-            source,
-            bytes_to_download: size.saturating_sub(here),
-            bytes_local: here,
-            records_to_replay: facts.records_after(Some(snap.offset()), until),
-        });
+        steps.push(snapshot_step(format, snap, source, target, facts, until));
         manifests.push(snap.clone());
     }
     if let Some(a) = local
@@ -674,4 +628,88 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
         unreadable: listing.unreadable,
         manifests,
     })
+}
+
+/// Refuses (`config`) a point in time at or past the log's end, naming the
+/// last offset the log holds.
+fn check_until(store_key: &StoreKey, facts: &LogFacts, until: Option<u64>) -> Result<()> {
+    if let Some(u) = until
+        && u >= facts.end
+    {
+        let holds = match facts.end {
+            0 => "it holds no record".to_owned(),
+            e => format!("its last record is at offset {}", e - 1),
+        };
+        return Err(Error::config(format!(
+            "point in time is past the changelog's end store_key=`{store_key}` changelog=`{}` \
+             until={u} end_offset={}: {holds}; give an offset below the end, or none for the \
+             newest state",
+            facts.id(),
+            facts.end
+        ))
+        .with_reason(crate::Reason::PastEnd));
+    }
+    Ok(())
+}
+
+/// The local store's applied offset when it may be kept (`local_first`):
+/// valid, following this log, not below its horizon, exact for the point
+/// in time. A local store that may not is listed in `rejected`.
+fn local_candidate<F: StoreFormat, C: Changelog + ?Sized>(
+    format: &F,
+    changelog: &C,
+    target: &Path,
+    options: &PlanOptions,
+    facts: &LogFacts,
+    rejected: &mut Vec<Rejected>,
+) -> Result<Option<u64>> {
+    let until = options.until;
+    if !options.local_first || options.full_replay {
+        return Ok(None);
+    }
+    {
+        match crate::util::blocking_here(|| format.inspect_local(target)) {
+            Ok(None) => {}
+            Ok(Some(info)) => {
+                let source = Source::Local {
+                    applied_offset: info.applied_offset,
+                };
+                match check_local(&info, changelog, facts, until)
+                    .and_then(|()| check_point_in_time(changelog, facts, &source, until))
+                {
+                    Ok(()) => return Ok(info.applied_offset),
+                    Err(e) if aborts(&e) => return Err(e),
+                    Err(e) => rejected.push(rejection(source, &e)),
+                }
+            }
+            Err(e) if aborts(&e) => return Err(e),
+            Err(e) => rejected.push(rejection(
+                Source::Local {
+                    applied_offset: None,
+                },
+                &e,
+            )),
+        }
+    }
+    Ok(None)
+}
+
+/// A snapshot's step: what it downloads (less what the local store already
+/// holds) and what it replays after.
+fn snapshot_step<F: StoreFormat>(
+    format: &F,
+    snap: &SnapshotInfo,
+    source: Source,
+    target: &Path,
+    facts: &LogFacts,
+    until: Option<u64>,
+) -> PlanStep {
+    let size: u64 = snap.manifest.files.iter().map(|f| f.size).sum();
+    let here = local_bytes(format, &snap.manifest, target);
+    PlanStep {
+        source,
+        bytes_to_download: size.saturating_sub(here),
+        bytes_local: here,
+        records_to_replay: facts.records_after(Some(snap.offset()), until),
+    }
 }

@@ -68,55 +68,9 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
     parent: Option<&Manifest>,
     options: &SnapshotOptions,
 ) -> Result<Manifest> {
-    let Some(offset) = format.cut_offset(&cut) else {
-        return Err(Error::config(format!(
-            "nothing to snapshot: the store has applied no changelog record store_key=`{store_key}`"
-        )));
-    };
-    let binding = ChangelogBinding::of(changelog)?;
-    // The cut says which incarnation its offset belongs to (invariant 10):
-    // a cut of a store that follows another log must not be tagged with
-    // this one's id and lineage.
-    match format.cut_binding(&cut) {
-        Some(b) if b == binding => {}
-        Some(b) => {
-            return Err(Error::stale(format!(
-                "the cut follows another changelog than the one given store_key=`{store_key}` \
-                 cut_follows=`{b}` changelog=`{binding}`; snapshot a store with its own changelog"
-            ))
-            .with_reason(crate::Reason::OtherChangelog));
-        }
-        None => {
-            return Err(Error::stale(format!(
-                "the cut's store records no changelog binding store_key=`{store_key}` \
-                 changelog=`{binding}`; open the store through LoggedStore (or bind it with \
-                 store::ensure_follows before its first write) so its offset can be trusted"
-            ))
-            .with_reason(crate::Reason::Unbound));
-        }
-    }
-    let end = changelog.end_offset()?;
-    if offset >= end {
-        return Err(Error::stale(format!(
-            "the cut is ahead of its changelog store_key=`{store_key}` changelog=`{binding}` \
-             cut_offset={offset} end_offset={end}; the store does not follow this changelog"
-        ))
-        .with_reason(crate::Reason::AheadOfLog));
-    }
+    let (offset, binding) = check_cut(format, &cut, store_key, changelog)?;
     let fid = format.id();
-    // A parent in history the log lost is no base for this cut (its data
-    // is not the log's state at its offset any more).
-    let parent_epoch_ok = match parent {
-        Some(p) => p.changelog.lost_history(changelog)?.is_none(),
-        None => true,
-    };
-    let parent = parent.filter(|p| {
-        parent_epoch_ok
-            && p.store_format.name == fid.name
-            && p.changelog.lineage == binding.lineage
-            && p.changelog.offset <= offset
-            && &p.store_key == store_key
-    });
+    let parent = usable_parent(parent, &fid, &binding, offset, store_key, changelog)?;
     let digest_wanted = options
         .logical_digest
         .unwrap_or_else(|| format.digest_by_default());
@@ -192,16 +146,7 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
         format_metadata: out.format_metadata,
         required_features: out.required_features,
     };
-    let secs = started.elapsed().as_secs_f64();
-    let uploaded: u64 = out.writer.bytes_uploaded();
-    // Below 1 MiB a write is mostly fixed costs, not a rate.
-    let upload_bytes_per_sec =
-        (uploaded >= 1 << 20 && secs > 0.0).then(|| (uploaded as f64 / secs) as u64);
-    let measured = (upload_bytes_per_sec.is_some() || options.replay_records_per_sec.is_some())
-        .then_some(MeasuredRates {
-            upload_bytes_per_sec,
-            replay_records_per_sec: options.replay_records_per_sec,
-        });
+    let measured = measured_rates(&out.writer, started, options);
     out.writer
         .commit_with(
             draft,
@@ -212,4 +157,96 @@ pub async fn commit_snapshot_with<F: StoreFormat, C: Changelog + ?Sized>(
             },
         )
         .await
+}
+
+/// The cut's offset, and the binding of `changelog` it must follow: a cut
+/// that applied nothing (`config`), follows another log or none, or is
+/// ahead of the log (`stale`) is refused.
+fn check_cut<F: StoreFormat, C: Changelog + ?Sized>(
+    format: &F,
+    cut: &F::Cut,
+    store_key: &StoreKey,
+    changelog: &C,
+) -> Result<(u64, ChangelogBinding)> {
+    let Some(offset) = format.cut_offset(cut) else {
+        return Err(Error::config(format!(
+            "nothing to snapshot: the store has applied no changelog record store_key=`{store_key}`"
+        )));
+    };
+    let binding = ChangelogBinding::of(changelog)?;
+    // The cut says which incarnation its offset belongs to (invariant 10):
+    // a cut of a store that follows another log must not be tagged with
+    // this one's id and lineage.
+    match format.cut_binding(cut) {
+        Some(b) if b == binding => {}
+        Some(b) => {
+            return Err(Error::stale(format!(
+                "the cut follows another changelog than the one given store_key=`{store_key}` \
+                 cut_follows=`{b}` changelog=`{binding}`; snapshot a store with its own changelog"
+            ))
+            .with_reason(crate::Reason::OtherChangelog));
+        }
+        None => {
+            return Err(Error::stale(format!(
+                "the cut's store records no changelog binding store_key=`{store_key}` \
+                 changelog=`{binding}`; open the store through LoggedStore (or bind it with \
+                 store::ensure_follows before its first write) so its offset can be trusted"
+            ))
+            .with_reason(crate::Reason::Unbound));
+        }
+    }
+    let end = changelog.end_offset()?;
+    if offset >= end {
+        return Err(Error::stale(format!(
+            "the cut is ahead of its changelog store_key=`{store_key}` changelog=`{binding}` \
+             cut_offset={offset} end_offset={end}; the store does not follow this changelog"
+        ))
+        .with_reason(crate::Reason::AheadOfLog));
+    }
+    Ok((offset, binding))
+}
+
+/// `parent` if this cut may reuse its blobs: same store, format and
+/// lineage, not after the cut, and in history the log still has.
+fn usable_parent<'a, C: Changelog + ?Sized>(
+    parent: Option<&'a Manifest>,
+    fid: &crate::repo::StoreFormatId,
+    binding: &ChangelogBinding,
+    offset: u64,
+    store_key: &StoreKey,
+    changelog: &C,
+) -> Result<Option<&'a Manifest>> {
+    // A parent in history the log lost is no base for this cut (its data
+    // is not the log's state at its offset any more).
+    let parent_epoch_ok = match parent {
+        Some(p) => p.changelog.lost_history(changelog)?.is_none(),
+        None => true,
+    };
+    Ok(parent.filter(|p| {
+        parent_epoch_ok
+            && p.store_format.name == fid.name
+            && p.changelog.lineage == binding.lineage
+            && p.changelog.offset <= offset
+            && &p.store_key == store_key
+    }))
+}
+
+/// The rates to record: the upload rate measured here (from 1 MiB up:
+/// below, a write is mostly fixed costs), and the writer's replay rate.
+fn measured_rates(
+    writer: &crate::repo::SnapshotWriter,
+    started: std::time::Instant,
+    options: &SnapshotOptions,
+) -> Option<MeasuredRates> {
+    let secs = started.elapsed().as_secs_f64();
+    let uploaded: u64 = writer.bytes_uploaded();
+    // Below 1 MiB a write is mostly fixed costs, not a rate.
+    let upload_bytes_per_sec =
+        (uploaded >= 1 << 20 && secs > 0.0).then(|| (uploaded as f64 / secs) as u64);
+    (upload_bytes_per_sec.is_some() || options.replay_records_per_sec.is_some()).then_some(
+        MeasuredRates {
+            upload_bytes_per_sec,
+            replay_records_per_sec: options.replay_records_per_sec,
+        },
+    )
 }

@@ -122,28 +122,7 @@ where
     ensure_follows(store, &ChangelogBinding::of(changelog)?)?;
     let applied = store.applied_offset()?;
     let log_end = changelog.end_offset()?;
-    if let (Some(u), Some(a)) = (until, applied)
-        && a > u
-    {
-        return Err(Error::config(format!(
-            "store is past the requested offset changelog=`{}` applied_offset={a} until={u}; \
-             a store cannot go back: restore into another directory",
-            changelog.id()
-        ))
-        .with_reason(crate::Reason::PastPoint));
-    }
-    // Replay reads [from, end): `until` is the last offset to apply.
-    let stop = until.map(|u| u.saturating_add(1));
-    let end = stop.map_or(log_end, |s| log_end.min(s));
-    let from = applied.map_or(0, |o| o.saturating_add(1));
-    if from > log_end {
-        return Err(Error::stale(format!(
-            "store is ahead of its changelog changelog=`{}` applied_offset={} end_offset={log_end}; \
-             the changelog was recreated or truncated — delete the store and replay from scratch",
-            changelog.id(),
-            applied.unwrap_or(0),
-        )).with_reason(crate::Reason::AheadOfLog));
-    }
+    let (from, end, stop) = replay_range(changelog, applied, until, log_end)?;
     let mut report = ReplayReport {
         from_offset: from,
         end_offset: end,
@@ -182,8 +161,80 @@ where
     // a `MemoryStore` spends about a quarter of its time reading and
     // sorting, which then overlaps the tree updates instead of adding to
     // them. One batch waits in the channel, one is being prepared.
-    let id = changelog.id();
-    let reader = std::thread::scope(|scope| -> Result<Box<dyn ChangelogReader + '_>> {
+    let reader = apply_batches(
+        store,
+        reader,
+        changelog.id(),
+        (batch_size, from, stop, end),
+        &mut report,
+        progress,
+    )?;
+    check_horizon_after(changelog, applied, from, point_in_time)?;
+    // The reader read everything below its end. The last offsets may hold
+    // nothing it hands out (lineage markers, records compaction removed);
+    // the store reflects them all the same. Recording that keeps the next
+    // replay, and a snapshot's offset, at the end: a store left two offsets
+    // behind on an idle topic would later look below the tombstone horizon.
+    if let Some(tail) = reader
+        .end_offset()
+        .min(stop.unwrap_or(u64::MAX))
+        .checked_sub(1)
+        && report.applied_offset.is_none_or(|a| a < tail)
+    {
+        store.apply(&[], tail)?;
+        report.applied_offset = Some(tail);
+    }
+    report.duration = started.elapsed();
+    Ok(report)
+}
+
+/// What a replay reads, `[from, end)`, and where it stops (`until + 1`).
+/// Refuses a store already past `until` (`config`: a store cannot go back)
+/// and one ahead of the log (`stale`).
+fn replay_range<C: Changelog + ?Sized>(
+    changelog: &C,
+    applied: Option<u64>,
+    until: Option<u64>,
+    log_end: u64,
+) -> Result<(u64, u64, Option<u64>)> {
+    if let (Some(u), Some(a)) = (until, applied)
+        && a > u
+    {
+        return Err(Error::config(format!(
+            "store is past the requested offset changelog=`{}` applied_offset={a} until={u}; \
+             a store cannot go back: restore into another directory",
+            changelog.id()
+        ))
+        .with_reason(crate::Reason::PastPoint));
+    }
+    // Replay reads [from, end): `until` is the last offset to apply.
+    let stop = until.map(|u| u.saturating_add(1));
+    let end = stop.map_or(log_end, |s| log_end.min(s));
+    let from = applied.map_or(0, |o| o.saturating_add(1));
+    if from > log_end {
+        return Err(Error::stale(format!(
+            "store is ahead of its changelog changelog=`{}` applied_offset={} end_offset={log_end}; \
+             the changelog was recreated or truncated — delete the store and replay from scratch",
+            changelog.id(),
+            applied.unwrap_or(0),
+        )).with_reason(crate::Reason::AheadOfLog));
+    }
+    Ok((from, end, stop))
+}
+
+/// Applies the batches `reader` hands out to `store`, up to `stop`:
+/// reading, checking and ordering a batch run on a thread of their own
+/// (`feed`), one batch ahead of the store's `apply` here. Returns the
+/// reader, to see where it ended.
+fn apply_batches<'r, S: StateStore + ?Sized>(
+    store: &mut S,
+    reader: Box<dyn ChangelogReader + 'r>,
+    id: &ChangelogId,
+    (batch_size, from, stop, end): (usize, u64, Option<u64>, u64),
+    report: &mut ReplayReport,
+    progress: &mut dyn FnMut(&ReplayProgress),
+) -> Result<Box<dyn ChangelogReader + 'r>> {
+    std::thread::scope(|scope| -> Result<Box<dyn ChangelogReader + '_>> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(1);
         let feeder = std::thread::Builder::new()
             .name("statesnap-replay-read".into())
@@ -223,11 +274,19 @@ where
                 what.escape_debug()
             ))
         })
-    })?;
-    // Compaction runs while we read: a tombstone that was young enough when
-    // the replay started may have been purged before the reader reached it.
-    // The horizon only moves forward, so if it still allows resuming from
-    // `from` now, nothing after `from` could have been purged meanwhile.
+    })
+}
+
+/// Compaction runs while a replay reads: a tombstone that was young enough
+/// when the replay started may have been purged before the reader reached
+/// it. The horizon only moves forward, so if it still allows resuming from
+/// `from` now, nothing after `from` could have been purged meanwhile.
+fn check_horizon_after<C: Changelog + ?Sized>(
+    changelog: &C,
+    applied: Option<u64>,
+    from: u64,
+    point_in_time: Option<u64>,
+) -> Result<()> {
     let after = changelog.horizon()?;
     if let Some(u) = point_in_time {
         check_exact_as_of(changelog, &after, applied, u)?;
@@ -242,22 +301,7 @@ where
             after.deleted_before,
         )).with_reason(crate::Reason::BelowHorizon));
     }
-    // The reader read everything below its end. The last offsets may hold
-    // nothing it hands out (lineage markers, records compaction removed);
-    // the store reflects them all the same. Recording that keeps the next
-    // replay, and a snapshot's offset, at the end: a store left two offsets
-    // behind on an idle topic would later look below the tombstone horizon.
-    if let Some(tail) = reader
-        .end_offset()
-        .min(stop.unwrap_or(u64::MAX))
-        .checked_sub(1)
-        && report.applied_offset.is_none_or(|a| a < tail)
-    {
-        store.apply(&[], tail)?;
-        report.applied_offset = Some(tail);
-    }
-    report.duration = started.elapsed();
-    Ok(report)
+    Ok(())
 }
 
 /// Refuses (`stale`) a replay from after `applied` up to `until` that may
