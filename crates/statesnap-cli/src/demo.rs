@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use statesnap::Changelog;
+use statesnap::LogicalDigest;
 use statesnap::changelog::ChangelogId;
-use statesnap::digest::LogicalDigest;
 use statesnap::format::StoreFormat;
 use statesnap::{
     Error, ErrorKind, FileChangelog, RestoreOptions, RestoreReport, Result, SnapshotPolicy,

@@ -25,8 +25,8 @@ use statesnap::changelog::file::FsyncPolicy;
 use statesnap::changelog::kafka::{KafkaChangelog, KafkaOptions, NonCompactedPolicy};
 use statesnap::changelog::{Changelog, ChangelogId, Record};
 use statesnap::restore::{ReplayOptions, replay};
-use statesnap::store::memory::MemoryStore;
-use statesnap::store::rocks::RocksStore;
+use statesnap::store::MemoryStore;
+use statesnap::store::RocksStore;
 
 use common::{count_records, env_u64, temp_rocks};
 

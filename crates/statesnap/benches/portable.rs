@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 
 use statesnap::changelog::Record;
 use statesnap::changelog::file::{FileChangelog, FsyncPolicy};
+use statesnap::commit_snapshot;
 use statesnap::format::portable::PortableFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::{Manifest, Repository, StoreKey};
-use statesnap::snapshot::commit_snapshot;
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::StateStore;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
 
 const N: u64 = 1_000_000;
 

@@ -16,8 +16,8 @@ use std::time::Duration;
 use statesnap::changelog::file::FsyncPolicy;
 use statesnap::changelog::{Changelog, Record};
 use statesnap::restore::{ReplayOptions, replay};
+use statesnap::store::MemoryStore;
 use statesnap::store::StateStore;
-use statesnap::store::memory::MemoryStore;
 
 use common::env_u64;
 

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::{ChangelogBinding, ChangelogId, Record};
+use statesnap::commit_snapshot;
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
 use statesnap::format::{
     FormatOutput, LocalStoreInfo, RestoreContext, RestoreStats, StoreFormat, WriteContext,
@@ -31,8 +32,7 @@ use statesnap::format::{
 use statesnap::repo::{
     BlobRef, Manifest, Repository, SnapshotStats, SnapshotWriter, StoreFormatId, StoreKey,
 };
-use statesnap::snapshot::commit_snapshot;
-use statesnap::store::logged::LoggedStore;
+use statesnap::store::LoggedStore;
 use statesnap::store::{KvIter, SizeEstimate, StateStore, StateStoreExt, in_bounds};
 use statesnap::{Error, ErrorKind, Result, StateManager, StoreSpec};
 

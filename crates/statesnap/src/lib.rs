@@ -1,9 +1,9 @@
 //! statesnap: durable key-value state for stream processors that recovers fast.
 //!
-//! A state store ([`store::memory::MemoryStore`], `store::rocks::RocksStore`,
+//! A state store ([`store::MemoryStore`], `store::RocksStore`,
 //! or your own [`store::StateStore`]) is a local cache of its changelog
 //! ([`changelog::Changelog`]: the embedded [`changelog::file::FileChangelog`],
-//! or Kafka with feature `kafka`). [`store::logged::LoggedStore`] appends
+//! or Kafka with feature `kafka`). [`store::LoggedStore`] appends
 //! every committed batch to the changelog first and then applies it to the
 //! store, tagged with its offset. A snapshot copies a consistent cut of the
 //! store to a [`repo::Repository`] (local directory, S3, GCS, Azure, memory)
@@ -111,7 +111,7 @@
 //!
 //! Either way the runtime takes it as it takes the built-in ones
 //! (`StoreSpec::new(store_key, changelog, format, dir)`), and underneath
-//! [`snapshot::commit_snapshot`] commits its snapshots and
+//! [`commit_snapshot`] commits its snapshots and
 //! [`restore::restore_store`] restores them and replays the changelog tail.
 //! `examples/custom_store.rs` runs a store on one append-only file through
 //! the runtime. A format that keeps a local store implements
@@ -119,6 +119,7 @@
 //! it instead of restoring.
 
 #![deny(rustdoc::broken_intra_doc_links)]
+#![warn(unnameable_types)]
 
 #[cfg(feature = "bench")]
 pub mod bench;
@@ -126,15 +127,15 @@ pub mod changelog;
 pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-pub mod digest;
-pub mod error;
+pub(crate) mod digest;
+pub(crate) mod error;
 pub mod format;
 #[cfg(feature = "kafka")]
 pub mod group;
 pub mod repo;
 pub mod restore;
 pub mod runtime;
-pub mod snapshot;
+pub(crate) mod snapshot;
 pub mod store;
 mod util;
 

@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::{Changelog, ChangelogId};
 use statesnap::restore::ReplayOptions;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::rocks::{RocksOptions, RocksStore};
+use statesnap::store::LoggedStore;
+use statesnap::store::{RocksOptions, RocksStore};
 use statesnap::store::{StateStore, StateStoreExt};
 
 const CHILD_ENV: &str = "STATESNAP_CRASH_CHILD_DIR";
@@ -376,7 +376,7 @@ fn sigkill_during_background_snapshots_reopens_exact() {
         )
         .await
         .unwrap();
-        let gc = statesnap::repo::gc::GcOptions::default();
+        let gc = statesnap::repo::GcOptions::default();
         repo.maintenance().gc_store(&sk, &gc).await.unwrap();
         clock.advance_ms(3_600_000 * 2);
         repo.maintenance().gc_store(&sk, &gc).await.unwrap();

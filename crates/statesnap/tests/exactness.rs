@@ -12,9 +12,9 @@ use std::sync::Arc;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId};
 use statesnap::restore::{ReplayOptions, replay};
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::StateStore;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
 use statesnap::{ErrorKind, Reason};
 
 fn id() -> ChangelogId {
@@ -87,7 +87,7 @@ fn interleaved_writers_on_one_log_each_stay_exact() {
 #[cfg(feature = "rocksdb")]
 #[test]
 fn a_rocksdb_store_of_a_recreated_changelog_is_refused() {
-    use statesnap::store::rocks::{RocksOptions, RocksStore};
+    use statesnap::store::{RocksOptions, RocksStore};
     let dir = tempfile::tempdir().unwrap();
     let log_dir = dir.path().join("log");
     let store_dir = dir.path().join("store");
@@ -265,7 +265,7 @@ async fn a_snapshot_flushes_the_changelog_before_its_manifest_is_committed() {
     let format = PortableFormat::memory();
     let cut = format.capture(s.store()).unwrap();
     let sk = StoreKey::new("app", "counts", 0).unwrap();
-    statesnap::snapshot::commit_snapshot(&format, cut, &repo, &sk, &spy, None)
+    statesnap::commit_snapshot(&format, cut, &repo, &sk, &spy, None)
         .await
         .unwrap();
     assert_eq!(
@@ -307,7 +307,7 @@ async fn a_cut_is_only_committed_against_its_own_changelog() {
     ];
     for (store, log, why) in cases {
         let cut = format.capture(store).unwrap();
-        let err = statesnap::snapshot::commit_snapshot(&format, cut, &repo, &sk, log, None)
+        let err = statesnap::commit_snapshot(&format, cut, &repo, &sk, log, None)
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Stale, "{err}");
@@ -334,7 +334,7 @@ async fn a_snapshot_of_history_the_log_lost_is_never_restored() {
     use common::{restore_latest, snapshot};
     use statesnap::format::portable::PortableFormat;
     use statesnap::repo::StoreKey;
-    use statesnap::repo::retention::{self, DropReason, RetentionPolicy};
+    use statesnap::repo::{DropReason, RetentionPolicy, plan_retention_for_changelog};
 
     let dir = tempfile::tempdir().unwrap();
     let log_dir = dir.path().join("log");
@@ -397,7 +397,7 @@ async fn a_snapshot_of_history_the_log_lost_is_never_restored() {
         keep_last: Some(1),
         keep_newer_than: None,
     };
-    let plan = retention::plan_for_changelog(&listing.snapshots, &keep_one, 0, &log).unwrap();
+    let plan = plan_retention_for_changelog(&listing.snapshots, &keep_one, 0, &log).unwrap();
     assert!(!plan.drops(older.snapshot_id), "{plan:?}");
     assert!(
         plan.drop

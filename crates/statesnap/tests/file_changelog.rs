@@ -967,8 +967,8 @@ fn a_reader_that_failed_mid_batch_never_skips_records_afterwards() {
 #[test]
 fn a_horizon_that_passes_a_running_replay_fails_it_stale() {
     use statesnap::restore::{ReplayOptions, replay as replay_into};
+    use statesnap::store::MemoryStore;
     use statesnap::store::StateStore;
-    use statesnap::store::memory::MemoryStore;
 
     let (_dir, clock, log) = clocked_log(300);
     for i in 0..10u64 {
@@ -1015,8 +1015,8 @@ fn a_horizon_that_passes_a_running_replay_fails_it_stale() {
 #[test]
 fn a_read_only_handle_reads_a_log_a_writer_holds() {
     use statesnap::restore::{ReplayOptions, replay};
+    use statesnap::store::MemoryStore;
     use statesnap::store::StateStoreExt;
-    use statesnap::store::memory::MemoryStore;
     let dir = tempfile::tempdir().unwrap();
     let writer = FileChangelog::open(dir.path(), id(), FileChangelogOptions::default()).unwrap();
     for i in 0..50u64 {

@@ -15,7 +15,7 @@ async fn portable_over_memory_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn portable_over_rocksdb_conforms() {
     use statesnap::format::portable::chunk::ChunkParams;
-    use statesnap::store::rocks::RocksStore;
+    use statesnap::store::RocksStore;
     // Small chunks: the suite's stores are a few KiB, one default chunk, and
     // a cut of a RocksDB store is always written in full (no delta), so
     // reuse shows only when the store spans several chunks.
@@ -35,6 +35,6 @@ async fn portable_over_rocksdb_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rocksdb_format_conforms() {
     use statesnap::format::rocks::RocksFormat;
-    use statesnap::store::rocks::RocksOptions;
+    use statesnap::store::RocksOptions;
     run_all(&|| RocksFormat::new(RocksOptions::default()), true).await;
 }

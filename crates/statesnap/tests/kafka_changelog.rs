@@ -26,9 +26,9 @@ use statesnap::changelog::kafka::{
 use statesnap::changelog::{Changelog, ChangelogId, ChangelogReader, LoggedRecord, Record};
 use statesnap::clock::{ManualClock, system_clock};
 use statesnap::restore::{ReplayOptions, replay};
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::StateStore;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
 use statesnap::{ErrorKind, Reason};
 
 use common::{Kv, contents, replayed, try_read_all, write_both};
@@ -536,7 +536,7 @@ fn end_to_end_logged_store_rebuilds_from_kafka_by_full_replay() {
 #[cfg(feature = "rocksdb")]
 #[test]
 fn end_to_end_rocks_store_rebuilds_from_kafka_by_full_replay() {
-    use statesnap::store::rocks::{RocksOptions, RocksStore};
+    use statesnap::store::{RocksOptions, RocksStore};
     let Some(b) = shared_broker() else {
         return;
     };

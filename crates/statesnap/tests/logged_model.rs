@@ -17,9 +17,9 @@ use statesnap::ErrorKind;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::{Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, Record};
 use statesnap::restore::ReplayOptions;
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::StateStore;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -125,13 +125,13 @@ impl Factory for Mem {
 struct Rocks;
 #[cfg(feature = "rocksdb")]
 impl Factory for Rocks {
-    type S = statesnap::store::rocks::RocksStore;
+    type S = statesnap::store::RocksStore;
     fn open(&mut self, dir: &Path, lose: bool) -> Self::S {
         let p = dir.join("rocks");
         if lose && p.exists() {
             std::fs::remove_dir_all(&p).unwrap();
         }
-        statesnap::store::rocks::RocksStore::open(&p, &Default::default()).unwrap()
+        statesnap::store::RocksStore::open(&p, &Default::default()).unwrap()
     }
 }
 

@@ -19,9 +19,9 @@ use statesnap::format::StoreFormat;
 use statesnap::format::portable::chunk::{ChunkBuilder, HEADER_LEN, ZSTD_LEVEL, decode_chunk};
 use statesnap::format::portable::{PortableFormat, chunk_path};
 use statesnap::repo::{ChangelogPosition, ManifestDraft, SnapshotWriter, StoreKey};
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::StateStoreExt;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
 use statesnap::{ErrorKind, Reason};
 
 fn fixtures() -> PathBuf {

@@ -17,8 +17,8 @@ use statesnap::changelog::file::FileChangelog;
 use statesnap::changelog::{ChangelogBinding, Record};
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
 use statesnap::repo::StoreKey;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::{KvIter, SizeEstimate, StateStore, in_bounds};
 
 /// A custom store: a `BTreeMap` and an offset. It writes no format of its
@@ -152,7 +152,7 @@ async fn memory_store_snapshot_restores_into_custom_store() {
 mod rocks {
     use super::*;
     use proptest::prelude::*;
-    use statesnap::store::rocks::RocksStore;
+    use statesnap::store::RocksStore;
 
     fn rocks_format() -> PortableFormat<RocksStore> {
         PortableFormat::new(|p: &Path| RocksStore::open(p, &Default::default()))

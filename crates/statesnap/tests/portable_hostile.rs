@@ -72,7 +72,7 @@ async fn hostile(repo: &Repository, layers: usize, chunk: Bytes, records: u64) -
 }
 
 async fn restore(
-    fmt: &PortableFormat<statesnap::store::memory::MemoryStore>,
+    fmt: &PortableFormat<statesnap::store::MemoryStore>,
     repo: &Repository,
     m: &Manifest,
 ) -> statesnap::Result<()> {
@@ -122,8 +122,8 @@ async fn layers_decoding_past_the_budget_are_corrupt() {
 #[ignore = "measurement, run by hand"]
 async fn rss_write_1m() {
     use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
-    use statesnap::snapshot::commit_snapshot;
-    use statesnap::store::logged::LoggedStore;
+    use statesnap::commit_snapshot;
+    use statesnap::store::LoggedStore;
     let dir = std::path::PathBuf::from(std::env::var("STATESNAP_RSS_DIR").unwrap());
     let log = FileChangelog::open(
         dir.join("log"),
@@ -134,7 +134,7 @@ async fn rss_write_1m() {
         },
     )
     .unwrap();
-    let mut s = LoggedStore::new(statesnap::store::memory::MemoryStore::new(), log).unwrap();
+    let mut s = LoggedStore::new(statesnap::store::MemoryStore::new(), log).unwrap();
     for i in 0..1_000_000u32 {
         s.put(format!("user:{i:010}"), vec![(i % 251) as u8; 100]);
         if i % 10_000 == 9_999 {
@@ -172,10 +172,7 @@ async fn rss_restore_1m() {
         .unwrap()
         .manifest;
     let f = PortableFormat::new(|p: &std::path::Path| {
-        statesnap::store::rocks::RocksStore::open(
-            p,
-            &statesnap::store::rocks::RocksOptions::default(),
-        )
+        statesnap::store::RocksStore::open(p, &statesnap::store::RocksOptions::default())
     });
     let t = std::time::Instant::now();
     let (s, _) = f

@@ -15,7 +15,7 @@ use statesnap::changelog::{Changelog, ChangelogBinding, Record};
 use statesnap::format::portable::chunk::{ChunkParams, decode_chunk};
 use statesnap::format::portable::{DeltaPolicy, LayerKind, PortableFormat, PortableMetadata};
 use statesnap::repo::{BlobRef, GcOptions, Manifest, Repository, RetentionPolicy, StoreKey};
-use statesnap::store::memory::MemoryStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::{StateStore, ensure_follows};
 
 use common::data::{user_key as key, user_value as value};

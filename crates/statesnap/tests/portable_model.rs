@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use statesnap::format::portable::chunk::ChunkParams;
 use statesnap::format::portable::{DeltaPolicy, LayerKind, PortableFormat, PortableMetadata};
 use statesnap::repo::{Manifest, StoreKey};
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::StateStore;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -23,8 +23,8 @@ use statesnap::Result;
 use statesnap::changelog::{Changelog, ChangelogBinding, Record};
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
 use statesnap::repo::{Repository, RepositoryOptions, StoreKey};
-use statesnap::store::rocks::{RocksOptions, RocksStore};
 use statesnap::store::{KvIter, SizeEstimate, StateStore};
+use statesnap::store::{RocksOptions, RocksStore};
 
 const CHILD_ENV: &str = "STATESNAP_RESTORE_CRASH_DIR";
 const ABORT_ENV: &str = "STATESNAP_RESTORE_CRASH_ABORT_AT";

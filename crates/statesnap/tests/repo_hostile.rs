@@ -10,9 +10,11 @@ use std::time::Duration;
 use statesnap::clock::{Clock, ManualClock, SystemClock};
 use statesnap::conformance::repo::draft;
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
-use statesnap::repo::retention::{self, DropReason, KeepReason, RetentionPolicy};
 use statesnap::repo::{
     BlobRef, GcOptions, Manifest, Repository, SnapshotId, SnapshotInfo, SnapshotWriter, StoreKey,
+};
+use statesnap::repo::{
+    DropReason, KeepReason, RetentionPolicy, plan_retention, plan_retention_for_lineage,
 };
 use statesnap::{ErrorKind, Reason};
 
@@ -275,8 +277,8 @@ fn retention_decides_per_lineage() {
         keep_newer_than: None,
     };
     for p in [
-        retention::plan(&snaps, &keep_one, now),
-        retention::plan_for_lineage(
+        plan_retention(&snaps, &keep_one, now),
+        plan_retention_for_lineage(
             &snaps,
             &keep_one,
             now,
@@ -294,7 +296,7 @@ fn retention_decides_per_lineage() {
         );
     }
     // A dead lineage's snapshots expire by age alone.
-    let p = retention::plan(
+    let p = plan_retention(
         &snaps,
         &RetentionPolicy {
             keep_last: Some(1),
@@ -321,7 +323,7 @@ fn retention_keep_last_newer_than_newest_and_dependencies() {
         info(4, 4, now - 10 * min, vec![]),
     ];
     // keep_last = 1: newest (e) plus its chain c -> a.
-    let p = retention::plan(
+    let p = plan_retention(
         &snaps,
         &RetentionPolicy {
             keep_last: Some(1),
@@ -339,7 +341,7 @@ fn retention_keep_last_newer_than_newest_and_dependencies() {
     );
     assert!(p.drops(id(4)) && p.drops(id(2)));
     // keep_last = 2: e, d (+ c, a as dependencies); b dropped.
-    let p = retention::plan(
+    let p = plan_retention(
         &snaps,
         &RetentionPolicy {
             keep_last: Some(2),
@@ -349,7 +351,7 @@ fn retention_keep_last_newer_than_newest_and_dependencies() {
     );
     assert_eq!(p.drop.iter().map(|d| d.0).collect::<Vec<_>>(), vec![id(2)]);
     // keep_newer_than 35 min: d (10 min), c (30 min) + newest e (old!) + a (dependency of c and e's chain).
-    let p = retention::plan(
+    let p = plan_retention(
         &snaps,
         &RetentionPolicy {
             keep_last: None,
@@ -367,7 +369,7 @@ fn retention_keep_last_newer_than_newest_and_dependencies() {
     assert!(p.drops(id(2)));
     // Time moves: everything ages out but the newest and its chain.
     clock.advance_ms(1000 * min);
-    let p = retention::plan(
+    let p = plan_retention(
         &snaps,
         &RetentionPolicy {
             keep_last: None,
@@ -381,12 +383,12 @@ fn retention_keep_last_newer_than_newest_and_dependencies() {
     );
     // No policy keeps everything; an empty listing keeps nothing.
     assert!(
-        retention::plan(&snaps, &RetentionPolicy::default(), now)
+        plan_retention(&snaps, &RetentionPolicy::default(), now)
             .drop
             .is_empty()
     );
     assert!(
-        retention::plan(
+        plan_retention(
             &[],
             &RetentionPolicy {
                 keep_last: Some(0),
@@ -398,7 +400,7 @@ fn retention_keep_last_newer_than_newest_and_dependencies() {
         .is_empty()
     );
     // keep_last = 0 still keeps the newest.
-    let p = retention::plan(
+    let p = plan_retention(
         &snaps,
         &RetentionPolicy {
             keep_last: Some(0),
@@ -409,7 +411,7 @@ fn retention_keep_last_newer_than_newest_and_dependencies() {
     assert_eq!(p.keep[0], (id(5), KeepReason::Newest));
     // A dependency that is not in the listing is reported.
     let orphan = vec![info(9, 9, now, vec![id(42)])];
-    let p = retention::plan(
+    let p = plan_retention(
         &orphan,
         &RetentionPolicy {
             keep_last: Some(1),
@@ -537,7 +539,7 @@ async fn an_oversized_manifest_is_refused_unread() {
     m.changelog.offset = 5000;
     m.snapshot_id = SnapshotId::from_parts(5000, 1);
     let key = m.key();
-    let huge = vec![b' '; (statesnap::repo::catalog::MAX_MANIFEST_BYTES + 1) as usize];
+    let huge = vec![b' '; (statesnap::repo::MAX_MANIFEST_BYTES + 1) as usize];
     repo.object_store()
         .put(&key, PutPayload::from(huge))
         .await
@@ -554,8 +556,8 @@ async fn an_oversized_manifest_is_refused_unread() {
 /// normal size does sweep (the control: the test would see a read).
 #[tokio::test]
 async fn an_oversized_gc_record_is_dropped_unread() {
-    use statesnap::repo::gc::{CondemnationRecord, CondemnedBlob, GC_RECORD_FORMAT_VERSION};
     use statesnap::repo::paths::{self, BlobHash};
+    use statesnap::repo::{CondemnationRecord, CondemnedBlob, GC_RECORD_FORMAT_VERSION};
     let (repo, _good, clock) = repo_with_one_snapshot().await;
     let orphan = Bytes::from_static(b"bytes no manifest names");
     let hash = BlobHash::of(&orphan);

@@ -10,13 +10,13 @@ use std::sync::Mutex;
 
 use statesnap::ErrorKind;
 use statesnap::changelog::file::FileChangelog;
+use statesnap::commit_snapshot;
 use statesnap::format::StoreFormat;
 use statesnap::format::portable::PortableFormat;
 use statesnap::repo::paths::{self, ParsedKey};
 use statesnap::repo::{StoreKey, VerifyOptions};
-use statesnap::snapshot::commit_snapshot;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 
 fn sk() -> StoreKey {
     StoreKey::new("app", "verify", 0).unwrap()

@@ -26,9 +26,9 @@ use statesnap::format::rocks::RocksFormat;
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::repo::{Repository, StoreKey};
 use statesnap::restore::{RestoreOptions, RestoreReport, restore_into, restore_store};
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
-use statesnap::store::rocks::{RocksOptions, RocksStore};
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
+use statesnap::store::{RocksOptions, RocksStore};
 use statesnap::store::{STORE_MARKER, StateStore};
 use statesnap::{ErrorKind, Reason};
 

@@ -19,14 +19,14 @@ use statesnap::ErrorKind;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
 use statesnap::changelog::{Changelog, ChangelogBinding, ChangelogId, Record};
 use statesnap::clock::{Clock, ManualClock, SystemClock};
+use statesnap::commit_snapshot;
 use statesnap::format::rocks::{CompactionPolicy, RocksFormat};
 use statesnap::format::{RestoreStats, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::repo::{FileEntry, GcOptions, Manifest, Repository, StoreKey};
 use statesnap::restore::{RestoreOptions, RestoreReport, restore_store};
-use statesnap::snapshot::commit_snapshot;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::rocks::{RocksOptions, RocksStore};
+use statesnap::store::LoggedStore;
+use statesnap::store::{RocksOptions, RocksStore};
 use statesnap::store::{StateStore, StateStoreExt, ensure_follows};
 
 use common::{
@@ -1480,7 +1480,7 @@ fn a_snapshot_records_its_digest_and_exact_counts_not_rocksdbs_estimate() {
     // Turned off, the manifest holds RocksDB's estimates and says so.
     let cut = format.capture(&store).unwrap();
     let off = rt
-        .block_on(statesnap::snapshot::commit_snapshot_with(
+        .block_on(statesnap::commit_snapshot_with(
             &format,
             cut,
             &repo,

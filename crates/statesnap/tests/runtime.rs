@@ -17,10 +17,10 @@ use std::time::Duration;
 use common::{Kv, Rng, contents, key};
 use statesnap::changelog::ChangelogId;
 use statesnap::clock::{ManualClock, SharedClock};
-use statesnap::error::{ErrorKind, Reason};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::restore::Source;
 use statesnap::runtime::{SnapshotPolicy, StateHandle, StateManager, StoreSpec, Trigger};
+use statesnap::{ErrorKind, Reason};
 use statesnap::{FileChangelog, Repository, StoreKey};
 
 type Log = FileChangelog;
@@ -872,7 +872,7 @@ fn snapshots_and_opens_are_reported_through_the_metrics_facade() {
 /// same pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintenance_applies_retention_and_collects_after_the_grace_period() {
-    use statesnap::repo::retention::RetentionPolicy;
+    use statesnap::repo::RetentionPolicy;
     use statesnap::runtime::Maintenance;
     let dir = tempfile::tempdir().unwrap();
     // gc compares blob ages (the object store's real mtimes) with the

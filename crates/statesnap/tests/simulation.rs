@@ -35,6 +35,7 @@ use statesnap::changelog::file::{
 };
 use statesnap::changelog::{Changelog, ChangelogId, Record};
 use statesnap::clock::{Clock, ManualClock, SystemClock};
+use statesnap::commit_snapshot;
 use statesnap::format::portable::PortableFormat;
 use statesnap::format::{RestoreContext, StoreFormat};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
@@ -42,10 +43,9 @@ use statesnap::repo::{
     GcOptions, Manifest, Repository, RetentionPolicy, SeededEntropy, SnapshotId, StoreKey,
 };
 use statesnap::restore::{ReplayOptions, RestoreOptions, restore_store};
-use statesnap::snapshot::commit_snapshot;
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::StateStore;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
 
 type Log = Arc<FileChangelog>;
 
@@ -81,7 +81,7 @@ impl Kind for MemPortable {
 mod rocks_kinds {
     use super::*;
     use statesnap::format::rocks::RocksFormat;
-    use statesnap::store::rocks::{RocksOptions, RocksStore};
+    use statesnap::store::{RocksOptions, RocksStore};
 
     pub fn opts() -> RocksOptions {
         RocksOptions {

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use statesnap::format::StoreFormat;
 use statesnap::format::portable::PortableFormat;
 use statesnap::repo::StoreKey;
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::StateStore;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
 
 fn sk() -> StoreKey {
     StoreKey::new("app", "retry", 0).unwrap()
@@ -121,7 +121,7 @@ async fn portable_delta_after_a_swept_parent_is_written_full() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rocksdb_snapshot_reuploads_swept_parent_files() {
     use statesnap::format::rocks::RocksFormat;
-    use statesnap::store::rocks::{RocksOptions, RocksStore};
+    use statesnap::store::{RocksOptions, RocksStore};
     let dir = tempfile::tempdir().unwrap();
     let format = RocksFormat::new(RocksOptions::default());
     let store = RocksStore::open(dir.path().join("store"), &RocksOptions::default()).unwrap();

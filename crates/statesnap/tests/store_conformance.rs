@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 use statesnap::conformance::store;
-use statesnap::store::memory::MemoryStore;
+use statesnap::store::MemoryStore;
 
 #[test]
 fn memory_store_conforms() {
@@ -12,7 +12,7 @@ fn memory_store_conforms() {
 #[cfg(feature = "rocksdb")]
 #[test]
 fn rocks_store_conforms() {
-    use statesnap::store::rocks::{RocksOptions, RocksStore};
+    use statesnap::store::{RocksOptions, RocksStore};
     let root = tempfile::tempdir().unwrap();
     let mut n = 0;
     store::run_all(&mut || {

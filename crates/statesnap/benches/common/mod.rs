@@ -79,8 +79,8 @@ pub fn count_records(log: &dyn Changelog) -> u64 {
 /// A RocksStore with the default options in a new temporary directory
 /// (returned with it, to keep it alive).
 #[cfg(feature = "rocksdb")]
-pub fn temp_rocks() -> (tempfile::TempDir, statesnap::store::rocks::RocksStore) {
-    use statesnap::store::rocks::{RocksOptions, RocksStore};
+pub fn temp_rocks() -> (tempfile::TempDir, statesnap::store::RocksStore) {
+    use statesnap::store::{RocksOptions, RocksStore};
     let dir = tempfile::tempdir().expect("tempdir");
     let store = RocksStore::open(dir.path().join("db"), &RocksOptions::default()).expect("open");
     (dir, store)

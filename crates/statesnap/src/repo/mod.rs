@@ -20,19 +20,24 @@
 //! `object_store::Error` never crosses this module's public API: it is mapped
 //! to an [`ErrorKind`](crate::ErrorKind) and kept as the error's source.
 
-pub mod blob;
-pub mod catalog;
-pub mod clone;
-pub mod commit;
+pub(crate) mod blob;
+pub(crate) mod catalog;
+pub(crate) mod clone;
+pub(crate) mod commit;
 #[cfg(feature = "testing")]
 pub mod faulty;
-pub mod gc;
-pub mod limit;
-pub mod maintenance;
-pub mod manifest;
+pub(crate) mod gc;
+pub(crate) mod limit;
+pub(crate) mod maintenance;
+pub(crate) mod manifest;
+/// The object key layout; public with feature `testing`, for tests that
+/// reach into a repository's objects.
+#[cfg(feature = "testing")]
 pub mod paths;
-pub mod retention;
-pub mod verify;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod paths;
+pub(crate) mod retention;
+pub(crate) mod verify;
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
@@ -44,20 +49,31 @@ use std::time::Duration;
 use crate::clock::{SharedClock, system_clock};
 use crate::error::{Error, ErrorKind, Result};
 
-pub use blob::{BlobRef, Blobs, PutOutcome, RestoreSync, TransferOptions};
-pub use catalog::{Catalog, Listing, SnapshotInfo, StoreSummary, UnreadableManifest};
+pub use blob::{BlobInfo, BlobReader, BlobRef, Blobs, PutOutcome, RestoreSync, TransferOptions};
+pub use catalog::{
+    Catalog, Listing, MAX_MANIFEST_BYTES, ManifestKey, SnapshotInfo, StoreSummary,
+    UnreadableManifest,
+};
 pub use clone::CloneReport;
 pub use commit::SnapshotWriter;
-pub use gc::{GcOptions, GcReport};
+pub use gc::{CondemnationRecord, CondemnedBlob, GC_RECORD_FORMAT_VERSION, GcOptions, GcReport};
 pub use limit::BandwidthLimit;
 pub use maintenance::Maintenance;
 pub(crate) use manifest::ManifestExtras;
 pub use manifest::{
-    ChangelogPosition, FEATURE_INLINE_FILES, FileEntry, InlineFile, MAX_INLINE_FILE,
-    MAX_INLINE_TOTAL, Manifest, ManifestDraft, MeasuredRates, SnapshotStats, StoreFormatId,
+    ChangelogPosition, FEATURE_INLINE_FILES, FileEntry, InlineFile, MANIFEST_FORMAT_VERSION,
+    MAX_FILE_PATH_LEN, MAX_INLINE_FILE, MAX_INLINE_TOTAL, Manifest, ManifestDraft, MeasuredRates,
+    SUPPORTED_FEATURES, SnapshotStats, StoreFormatId,
 };
-pub use paths::{BlobHash, Entropy, SeededEntropy, SharedEntropy, SnapshotId, StoreKey};
-pub use retention::{RetentionPlan, RetentionPolicy};
+pub use paths::{
+    BlobHash, Entropy, MAX_NAME_LEN, MAX_STORE_KEY_LEN, ManifestName, OsEntropy, SeededEntropy,
+    SharedEntropy, SnapshotId, StoreKey,
+};
+pub use retention::{
+    DropReason, KeepReason, RetentionPlan, RetentionPolicy, plan as plan_retention,
+    plan_for_changelog as plan_retention_for_changelog,
+    plan_for_lineage as plan_retention_for_lineage,
+};
 pub use verify::{BadBlob, BadInlineFile, VerifyOptions, VerifyProgress, VerifyReport};
 
 /// The repository format version this build writes and reads.

@@ -9,14 +9,19 @@
 //! durably and before its first record, so an offset is never read against
 //! another log; [`ensure_follows`] is the one check every caller makes.
 
-pub mod logged;
-pub mod memory;
+pub(crate) mod logged;
+pub(crate) mod memory;
 pub(crate) mod owner;
-pub mod replay;
+pub(crate) mod replay;
 #[cfg(feature = "rocksdb")]
-pub mod rocks;
+pub(crate) mod rocks;
 pub(crate) mod slot;
 pub(crate) mod unsynced;
+
+pub use logged::{CommitInfo, LoggedStore};
+pub use memory::{MemoryCut, MemoryStore};
+#[cfg(feature = "rocksdb")]
+pub use rocks::{RocksOptions, RocksStore};
 
 use bytes::Bytes;
 use std::ops::Bound;

@@ -14,15 +14,15 @@ use std::sync::Arc;
 
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
 use statesnap::changelog::{Changelog, ChangelogId, LoggedRecord};
+use statesnap::commit_snapshot;
 use statesnap::format::{RestoreContext, RestoreStats, StoreFormat};
 use statesnap::repo::paths;
 use statesnap::repo::{BlobHash, Manifest, Repository, StoreKey};
 use statesnap::restore::{
     ReplayOptions, ReplayReport, RestoreOptions, RestoreReport, replay, restore_store,
 };
-use statesnap::snapshot::commit_snapshot;
-use statesnap::store::logged::LoggedStore;
-use statesnap::store::memory::MemoryStore;
+use statesnap::store::LoggedStore;
+use statesnap::store::MemoryStore;
 use statesnap::store::{StateStore, StateStoreExt};
 
 /// A model of a store's contents.

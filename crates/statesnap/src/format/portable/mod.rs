@@ -38,6 +38,8 @@
 //! layers recorded in the manifest and the delta policy), `write` (full and
 //! delta snapshots) and `restore` (the streaming restore).
 
+/// The chunk codec, public for the fuzz targets and tests only.
+#[doc(hidden)]
 pub mod chunk;
 mod cut;
 mod meta;
