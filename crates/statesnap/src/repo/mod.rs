@@ -706,6 +706,6 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
-        assert!(e.message().contains("statesnap init --repo "), "{e}");
+        assert_eq!(e.reason(), Some(crate::Reason::NoRepository));
     }
 }

@@ -340,27 +340,25 @@ mod tests {
         let bytes = m.encode().unwrap();
         let e = Manifest::decode(&key, &bytes[..bytes.len() / 2]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corrupt);
-        assert!(e.message().contains(&key), "{e}");
 
         let mut v = good.clone();
         v["created_at"] = 5.into();
         let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corrupt);
-        assert!(e.message().contains("checksum mismatch"), "{e}");
 
         let mut v = good.clone();
         v["format_version"] = 2.into();
         reseal(&mut v);
         let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config);
-        assert!(e.message().contains("format_version=2 supported=1"), "{e}");
+        assert_eq!(e.reason(), Some(crate::Reason::UnsupportedVersion));
 
         let mut v = good.clone();
         v["required_features"] = serde_json::json!(["zstd-dict", "encryption"]);
         reseal(&mut v);
         let e = Manifest::decode(&key, &serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config);
-        assert!(e.message().contains("zstd-dict,encryption"), "{e}");
+        assert_eq!(e.reason(), Some(crate::Reason::UnsupportedVersion));
 
         for bad in [
             "../etc/passwd",
@@ -385,7 +383,6 @@ mod tests {
         v["changelog"]["offset"] = 43.into();
         let e = refused(&key, v);
         assert_eq!(e.kind(), ErrorKind::Corrupt);
-        assert!(e.message().contains("does not match its key"), "{e}");
     }
 
     #[test]
@@ -449,7 +446,6 @@ mod tests {
         v["required_features"] = serde_json::json!([]);
         let e = refused(&key, v);
         assert_eq!(e.kind(), ErrorKind::Corrupt);
-        assert!(e.message().contains("inline-files"), "{e}");
     }
 
     #[test]
@@ -467,7 +463,7 @@ mod tests {
             1000,
         )
         .unwrap_err();
-        assert!(e.message().contains("duplicate file path"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Config);
         // Unsafe paths and oversized files are refused when built.
         assert!(InlineFile::new("../x", b"a").is_err());
         let big = vec![7u8; MAX_INLINE_FILE as usize + 1];
@@ -483,7 +479,6 @@ mod tests {
         v["inline_files"][0]["size"] = (MAX_INLINE_FILE + 1).into();
         let e = refused(&key, v);
         assert_eq!(e.kind(), ErrorKind::Corrupt);
-        assert!(e.message().contains("inline file too large"), "{e}");
         let one = InlineFile::new("f0", &vec![1u8; MAX_INLINE_FILE as usize]).unwrap();
         let mut many = good;
         many["inline_files"] = serde_json::Value::Array(
@@ -496,6 +491,6 @@ mod tests {
                 .collect(),
         );
         let e = refused(&key, many);
-        assert!(e.message().contains("too many inline bytes"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
     }
 }

@@ -412,8 +412,6 @@ mod tests {
             };
             let e = f.bytes().unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Corrupt, "{what}: {e}");
-            assert!(e.message().contains(what), "{what}: {e}");
-            assert!(e.message().contains("CURRENT"), "{what}: {e}");
         }
     }
 }
