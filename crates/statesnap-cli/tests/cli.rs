@@ -433,10 +433,6 @@ fn verify_reports_a_damaged_inline_file() {
     assert_eq!(bad.len(), 1, "{out}");
     assert_eq!(bad[0]["path"], "CURRENT");
     assert_eq!(bad[0]["snapshot"], ids[2].as_str());
-    assert!(
-        bad[0]["reason"].as_str().unwrap().contains("damaged"),
-        "{out}"
-    );
     statesnap()
         .args(["verify", "--repo", &f.repo_url])
         .assert()

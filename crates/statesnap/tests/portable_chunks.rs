@@ -314,13 +314,6 @@ async fn restore_falls_back_past_an_undecodable_chunk() {
     assert_eq!(report.skipped.len(), 1);
     assert_eq!(report.skipped[0].id, bad_m.snapshot_id);
     assert_eq!(report.skipped[0].kind, ErrorKind::Corrupt);
-    assert!(
-        report.skipped[0]
-            .reason
-            .contains("cannot decode portable chunk"),
-        "{}",
-        report.skipped[0].reason
-    );
     let got: Vec<_> = store.iter().unwrap().map(|kv| kv.unwrap().0).collect();
     assert_eq!(got, vec![Bytes::from("a"), Bytes::from("b")]);
 }

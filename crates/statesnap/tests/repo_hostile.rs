@@ -136,19 +136,14 @@ async fn hostile_manifests_are_refused_with_the_right_kind_and_never_chosen() {
     got.sort_by(|a, b| a.0.cmp(&b.0));
     expected.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(got, expected);
-    for u in &listing.unreadable {
-        assert!(u.reason.contains(&u.key), "reason must name the key: {u:?}");
-    }
-    let feat = listing
+    // The newer format version and the unknown required feature are
+    // refusals a program can tell apart from damage.
+    let newer = listing
         .unreadable
         .iter()
-        .find(|u| u.reason.contains("delta-v9"));
-    assert!(feat.is_some(), "unknown feature must be named");
-    let ver = listing
-        .unreadable
-        .iter()
-        .find(|u| u.reason.contains("format_version=7 supported=1"));
-    assert!(ver.is_some(), "both versions must be named");
+        .filter(|u| u.refusal == Some(Reason::UnsupportedVersion))
+        .count();
+    assert_eq!(newer, 2, "{:?}", listing.unreadable);
 
     // Gc refuses to run while a manifest it cannot understand exists.
     let e = repo

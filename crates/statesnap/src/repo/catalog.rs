@@ -44,6 +44,9 @@ pub struct UnreadableManifest {
     pub kind: ErrorKind,
     /// The error message.
     pub reason: String,
+    /// The refusal, when the error carried one ([`crate::Reason`]): what a
+    /// program acts on (the message is for people).
+    pub refusal: Option<crate::Reason>,
 }
 
 /// The snapshots of one store.
@@ -157,6 +160,7 @@ impl<'a> Catalog<'a> {
                     key: m.location.to_string(),
                     kind: ErrorKind::Corrupt,
                     reason: "not a manifest key (foreign object under manifests/)".into(),
+                    refusal: None,
                 }),
             }
         }
@@ -211,6 +215,7 @@ impl<'a> Catalog<'a> {
                     key: k.key.to_string(),
                     kind: e.kind(),
                     reason: e.message().to_owned(),
+                    refusal: e.reason(),
                 }),
             }
         }

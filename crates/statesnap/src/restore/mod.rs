@@ -37,6 +37,9 @@ pub struct SkippedSnapshot {
     pub kind: ErrorKind,
     /// The reason, as an error message.
     pub reason: String,
+    /// The refusal, when the error carried one ([`crate::Reason`]): what a
+    /// program acts on (the message is for people).
+    pub refusal: Option<crate::Reason>,
 }
 
 /// What a restore did.
@@ -563,6 +566,7 @@ async fn first_usable_source<F: StoreFormat>(
                         offset,
                         kind: e.kind(),
                         reason: e.to_string(),
+                        refusal: e.reason(),
                     });
                 }
             }
@@ -634,6 +638,7 @@ fn skipped_snapshots(
                     offset,
                     kind: r.kind,
                     reason: r.reason.clone(),
+                    refusal: r.refusal,
                 })
             }
             _ => None,

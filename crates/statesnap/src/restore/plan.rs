@@ -84,6 +84,9 @@ pub struct Rejected {
     pub kind: ErrorKind,
     /// The reason, as an error message.
     pub reason: String,
+    /// The refusal, when the error carried one ([`crate::Reason`]): what a
+    /// program acts on (the message is for people).
+    pub refusal: Option<crate::Reason>,
 }
 
 /// Options of a plan (and of the restore that executes it).
@@ -487,6 +490,7 @@ fn rejection(source: Source, e: &Error) -> Rejected {
         source,
         kind: e.kind(),
         reason: e.to_string(),
+        refusal: e.reason(),
     }
 }
 
