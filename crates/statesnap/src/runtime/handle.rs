@@ -104,7 +104,108 @@ where
     }
     let inner = &manager.inner;
     let changelog = Arc::new(changelog);
-    let weak: std::sync::Weak<dyn Changelog> = Arc::downgrade(&changelog) as _;
+    let (shared, mut registered) = register(&manager, &store_key, &changelog, at_offset)?;
+    // The directory is this handle's before anything reads or changes it:
+    // one spec per directory in a manager (config), one owner per
+    // directory anywhere (transient).
+    let owner = OwnedDir::take(&manager, &store_key, &dir)?;
+    let options = RestoreOptions {
+        local_first: true,
+        until: at_offset,
+        verify_digest,
+        ..RestoreOptions::default()
+    };
+    let (format, owner, store, report) = restore_into(
+        &manager, &store_key, owner, format, &changelog, dir, options,
+    )
+    .await?;
+    manager.seed_rates(&report.plan.manifests);
+    manager.observe(
+        report.transfer.bytes_downloaded,
+        report.snapshot_duration.as_secs_f64(),
+        report.replay.records,
+        report.replay.duration.as_secs_f64(),
+    );
+    let logged = LoggedStore::new(store, changelog.clone())?;
+    let applied = logged.store().applied_offset()?;
+    note_applied(&shared, &report, applied);
+    record_open(started, &shared, &report);
+    registered.key = None; // the handle deregisters from now on
+    Ok(StateHandle {
+        logged,
+        format,
+        changelog,
+        policy: policy.unwrap_or_else(|| inner.policy.clone()),
+        manager,
+        shared,
+        report,
+        opened_in: started.elapsed(),
+        read_only: at_offset,
+        _owner: owner,
+    })
+}
+
+/// Restores the store into `dir`, which `owner` holds, on a blocking thread
+/// under one of the manager's transfer permits; gives the format, the
+/// directory's ownership (the restore holds it too), the store and the
+/// restore's report.
+async fn restore_into<F, C>(
+    manager: &StateManager,
+    store_key: &StoreKey,
+    owner: OwnedDir,
+    format: F,
+    changelog: &Arc<C>,
+    dir: PathBuf,
+    options: RestoreOptions,
+) -> Result<(Arc<F>, Arc<OwnedDir>, F::Store, RestoreReport)>
+where
+    F: StoreFormat + 'static,
+    F::Store: 'static,
+    C: Changelog + 'static,
+{
+    let inner = &manager.inner;
+    let format = Arc::new(format);
+    let span = tracing::info_span!("open", store_key = %store_key, until = ?options.until);
+    let permit = inner
+        .transfers
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| cancelled("open", store_key))?;
+    let (f, c, repo, key, rt) = (
+        format.clone(),
+        changelog.clone(),
+        inner.repo.clone(),
+        store_key.clone(),
+        inner.rt.clone(),
+    );
+    let owner = Arc::new(owner);
+    let held = owner.clone();
+    // Restore downloads (async) and replays (blocking): all of it on a
+    // blocking thread so no executor worker stalls on the replay.
+    let restored = crate::util::blocking(move || {
+        let _g = span.enter();
+        rt.block_on(crate::restore::restore_owned(
+            &*f, &repo, &key, &*c, &dir, &options, &held.lock,
+        ))
+    })
+    .await;
+    drop(permit);
+    let (store, report) = restored?;
+    Ok((format, owner, store, report))
+}
+
+/// The open store's shared status, registered with the manager unless the
+/// handle is a point-in-time one (`at_offset`); the registration is removed
+/// when the returned [`Registered`] is dropped with its key still set.
+fn register<C: Changelog + 'static>(
+    manager: &StateManager,
+    store_key: &StoreKey,
+    changelog: &Arc<C>,
+    at_offset: Option<u64>,
+) -> Result<(Arc<Shared>, Registered)> {
+    let inner = &manager.inner;
+    let weak: std::sync::Weak<dyn Changelog> = Arc::downgrade(changelog) as _;
     let shared = Arc::new(Shared::new(
         store_key.clone(),
         weak,
@@ -117,56 +218,15 @@ where
         key: None,
     };
     if at_offset.is_none() {
-        manager.register(&store_key, shared.clone())?;
+        manager.register(store_key, shared.clone())?;
         registered.key = Some(store_key.clone());
     }
-    // The directory is this handle's before anything reads or changes it:
-    // one spec per directory in a manager (config), one owner per
-    // directory anywhere (transient).
-    let owner = OwnedDir::take(&manager, &store_key, &dir)?;
-    let format = Arc::new(format);
-    let span = tracing::info_span!("open", store_key = %store_key, until = ?at_offset);
-    let permit = inner
-        .transfers
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| cancelled("open", &store_key))?;
-    let (f, c, repo, key, rt) = (
-        format.clone(),
-        changelog.clone(),
-        inner.repo.clone(),
-        store_key.clone(),
-        inner.rt.clone(),
-    );
-    let owner = Arc::new(owner);
-    let held = owner.clone();
-    let options = RestoreOptions {
-        local_first: true,
-        until: at_offset,
-        verify_digest,
-        ..RestoreOptions::default()
-    };
-    // Restore downloads (async) and replays (blocking): all of it on a
-    // blocking thread so no executor worker stalls on the replay.
-    let restored = crate::util::blocking(move || {
-        let _g = span.enter();
-        rt.block_on(crate::restore::restore_owned(
-            &*f, &repo, &key, &*c, &dir, &options, &held.lock,
-        ))
-    })
-    .await;
-    drop(permit);
-    let (store, report) = restored?;
-    manager.seed_rates(&report.plan.manifests);
-    manager.observe(
-        report.transfer.bytes_downloaded,
-        report.snapshot_duration.as_secs_f64(),
-        report.replay.records,
-        report.replay.duration.as_secs_f64(),
-    );
-    let logged = LoggedStore::new(store, changelog.clone())?;
-    let applied = logged.store().applied_offset()?;
+    Ok((shared, registered))
+}
+
+/// Records the restored store's applied offset, and the parent of its next
+/// snapshot, in its shared status.
+fn note_applied(shared: &Shared, report: &RestoreReport, applied: Option<u64>) {
     // The newest usable snapshot at or below the store is the parent of
     // the next one (not one whose restore just failed).
     let failed: Vec<SnapshotId> = report.skipped.iter().map(|s| s.id).collect();
@@ -177,11 +237,13 @@ where
         .filter(|m| !failed.contains(&m.id()))
         .find(|m| applied.is_some_and(|a| m.offset() <= a))
         .map(|m| m.manifest.clone());
-    {
-        let mut st = lock(&shared.state);
-        st.applied_offset = applied;
-        st.parent = parent;
-    }
+    let mut st = lock(&shared.state);
+    st.applied_offset = applied;
+    st.parent = parent;
+}
+
+/// The open's metrics and its "store ready" log line.
+fn record_open(started: Instant, shared: &Shared, report: &RestoreReport) {
     let source = match report.source {
         Source::Local { .. } => "local",
         Source::Snapshot { .. } => "snapshot",
@@ -200,19 +262,6 @@ where
         ms = started.elapsed().as_millis() as u64,
         "store ready"
     );
-    registered.key = None; // the handle deregisters from now on
-    Ok(StateHandle {
-        logged,
-        format,
-        changelog,
-        policy: policy.unwrap_or_else(|| inner.policy.clone()),
-        manager,
-        shared,
-        report,
-        opened_in: started.elapsed(),
-        read_only: at_offset,
-        _owner: owner,
-    })
 }
 
 /// A handle's ownership of its directory: the lock (other handles and

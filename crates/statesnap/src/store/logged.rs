@@ -166,16 +166,7 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
     /// commit fails `stale` and this `LoggedStore` refuses every later call.
     pub fn commit(&mut self) -> Result<Option<CommitInfo>> {
         self.check_not_behind()?;
-        if self.unsure {
-            // A replay error leaves `unsure` set; the commit can be retried.
-            replay(
-                &mut self.store,
-                &self.changelog,
-                &ReplayOptions::default(),
-                &mut |_| {},
-            )?;
-            self.unsure = false;
-        }
+        self.settle_unsure()?;
         if self.pending.is_empty() {
             return Ok(None);
         }
@@ -214,50 +205,10 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             last_offset,
         };
         if first_offset < expected {
-            // The log gave this batch offsets the store already applied
-            // other records at: it lost them (a torn tail cut after a power
-            // loss, a truncated or recreated log). No replay can fix that.
-            let msg = format!(
-                "the changelog handed out offsets the store had already applied changelog=`{}` \
-                 first_offset={first_offset} expected={expected}; the log lost records the store \
-                 holds: delete the store and restore or replay it",
-                self.changelog.id()
-            );
-            self.broken = Some(msg.clone());
-            return Err(Error::stale(msg).with_reason(crate::Reason::HistoryLost));
+            return Err(self.history_lost(first_offset, expected));
         }
         if first_offset > expected {
-            // Records between the store's offset and this batch: another
-            // writer's, a failed append's partial records, or a store that
-            // was never caught up. Applying the batch at its own offset would
-            // claim them unapplied (invariant 9), so replay the whole tail —
-            // which holds this batch too — in order instead.
-            let report = match replay(
-                &mut self.store,
-                &self.changelog,
-                &ReplayOptions::default(),
-                &mut |_| {},
-            ) {
-                Ok(r) => r,
-                Err(e) => {
-                    self.behind = true;
-                    return Err(e);
-                }
-            };
-            // A log's own bookkeeping records (a Kafka writer claim before
-            // a new writer's first batch) hold offsets but no data: only
-            // records the replay applied beyond this batch are news.
-            let foreign = report.records.saturating_sub(records.len() as u64);
-            if foreign > 0 {
-                tracing::warn!(
-                    changelog = %self.changelog.id(),
-                    expected,
-                    first_offset,
-                    foreign,
-                    "commit found changelog records the store had not applied; replayed them \
-                     first (is another writer appending to this changelog?)"
-                );
-            }
+            self.replay_gap(records.len(), first_offset, expected)?;
             return Ok(Some(info));
         }
         if let Err(e) = self.store.apply(&records, last_offset) {
@@ -265,6 +216,76 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             return Err(e);
         }
         Ok(Some(info))
+    }
+
+    /// After a failed append, replays whatever the changelog holds beyond
+    /// the store's applied offset, so the store never moves past records it
+    /// did not apply.
+    fn settle_unsure(&mut self) -> Result<()> {
+        if self.unsure {
+            // A replay error leaves `unsure` set; the commit can be retried.
+            replay(
+                &mut self.store,
+                &self.changelog,
+                &ReplayOptions::default(),
+                &mut |_| {},
+            )?;
+            self.unsure = false;
+        }
+        Ok(())
+    }
+
+    /// Marks this store broken: the changelog gave a batch at
+    /// `first_offset` offsets below `expected`, which the store had applied.
+    fn history_lost(&mut self, first_offset: u64, expected: u64) -> Error {
+        // The log gave this batch offsets the store already applied
+        // other records at: it lost them (a torn tail cut after a power
+        // loss, a truncated or recreated log). No replay can fix that.
+        let msg = format!(
+            "the changelog handed out offsets the store had already applied changelog=`{}` \
+             first_offset={first_offset} expected={expected}; the log lost records the store \
+             holds: delete the store and restore or replay it",
+            self.changelog.id()
+        );
+        self.broken = Some(msg.clone());
+        Error::stale(msg).with_reason(crate::Reason::HistoryLost)
+    }
+
+    /// Applies a batch of `batch_len` records the changelog put at
+    /// `first_offset`, past `expected`, by replaying the whole tail.
+    fn replay_gap(&mut self, batch_len: usize, first_offset: u64, expected: u64) -> Result<()> {
+        // Records between the store's offset and this batch: another
+        // writer's, a failed append's partial records, or a store that
+        // was never caught up. Applying the batch at its own offset would
+        // claim them unapplied (invariant 9), so replay the whole tail —
+        // which holds this batch too — in order instead.
+        let report = match replay(
+            &mut self.store,
+            &self.changelog,
+            &ReplayOptions::default(),
+            &mut |_| {},
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                self.behind = true;
+                return Err(e);
+            }
+        };
+        // A log's own bookkeeping records (a Kafka writer claim before
+        // a new writer's first batch) hold offsets but no data: only
+        // records the replay applied beyond this batch are news.
+        let foreign = report.records.saturating_sub(batch_len as u64);
+        if foreign > 0 {
+            tracing::warn!(
+                changelog = %self.changelog.id(),
+                expected,
+                first_offset,
+                foreign,
+                "commit found changelog records the store had not applied; replayed them \
+                 first (is another writer appending to this changelog?)"
+            );
+        }
+        Ok(())
     }
 
     fn check_not_behind(&self) -> Result<()> {

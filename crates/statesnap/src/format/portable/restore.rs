@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use super::chunk::{decode_chunk, decode_header};
 use super::meta::{LayerKind, LayerMeta, PortableMetadata, chunk_path};
-use super::{PortableFormat, PortableSource};
+use super::{Factory, PortableFormat, PortableSource};
 use crate::changelog::Record;
 use crate::error::{Error, Result};
 use crate::format::staging::{self, new_restore_staging, swap_into_place, sync_tree};
 use crate::format::{RestoreContext, RestoreStats};
-use crate::repo::{BlobRef, FileEntry, Manifest};
+use crate::repo::{BlobRef, FileEntry, Manifest, Repository, StoreKey};
 use crate::store::StateStore;
 
 /// Records per `apply` call during restore.
@@ -54,23 +54,7 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         }
         let target = staging::normalize_target(ctx.target)?;
         staging::check_replaceable(&target)?;
-        let by_path: BTreeMap<&str, &FileEntry> = manifest
-            .files
-            .iter()
-            .map(|f| (f.path.as_str(), f))
-            .collect();
-        let mut per_layer: Vec<Vec<FileEntry>> = Vec::with_capacity(meta.layers.len());
-        for (i, l) in meta.layers.iter().enumerate() {
-            let mut files = Vec::new();
-            for c in 0..l.chunks {
-                let p = chunk_path(i, c);
-                let f = by_path
-                    .get(p.as_str())
-                    .ok_or_else(|| Error::internal(format!("checked file vanished path=`{p}`")))?;
-                files.push((*f).clone());
-            }
-            per_layer.push(files);
-        }
+        let per_layer = layer_files(manifest, &meta.layers)?;
         let stats = RestoreStats {
             bytes_downloaded: per_layer.iter().flatten().map(|f| f.size).sum(),
             files_downloaded: per_layer.iter().map(|l| l.len() as u64).sum(),
@@ -82,34 +66,7 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         // decode budget, whatever the snapshot's size. Every blob is
         // verified against its manifest size and hash (invariant 6)
         // before a byte of it is decoded.
-        let repo = ctx.repo;
-        let sk = &manifest.store_key;
-        let depth = repo.transfer().parallelism.clamp(1, RESTORE_PREFETCH);
-        let mut fetchers = tokio::task::JoinSet::new();
-        let mut queues = Vec::with_capacity(per_layer.len());
-        for files in per_layer {
-            let (tx, rx) = tokio::sync::mpsc::channel::<Result<(String, Bytes)>>(depth);
-            let (repo, sk) = (repo.clone(), sk.clone());
-            fetchers.spawn(async move {
-                let mut blobs = futures::stream::iter(files)
-                    .map(|f| {
-                        let (repo, sk) = (&repo, &sk);
-                        async move {
-                            let b = repo.blobs().get_blob_bytes(sk, &BlobRef::from(&f)).await?;
-                            Ok::<_, Error>((f.path, b))
-                        }
-                    })
-                    .buffered(depth);
-                while let Some(r) = blobs.next().await {
-                    let failed = r.is_err();
-                    // A closed queue: the loader stopped (it reports why).
-                    if tx.send(r).await.is_err() || failed {
-                        return;
-                    }
-                }
-            });
-            queues.push(rx);
-        }
+        let (mut fetchers, queues) = spawn_fetchers(ctx.repo, &manifest.store_key, per_layer);
         let factory = Arc::clone(&self.factory);
         let budget = self.decode_budget;
         // The load runs on its own thread: if this restore is cancelled, it
@@ -129,33 +86,7 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             // at `target` never carries the snapshot's offset without it.
             crate::store::bind_restored(&mut store, &binding)?;
             load_layers(&mut store, queues, &meta.layers, offset, &id, budget)?;
-            if std::fs::symlink_metadata(&staging).is_err() {
-                // The factory keeps nothing at the path (an in-memory
-                // store): there is nothing a crash could leave half-written.
-                guard.disarm();
-                remove_path(&target)?;
-                return Ok(store);
-            }
-            drop(store); // closes it: its files are complete
-            if std::fs::symlink_metadata(&staging).is_ok_and(|m| m.is_dir()) {
-                crate::store::mark_store_dir(&staging)?;
-            }
-            sync_tree(&staging)?;
-            let store = swap_into_place(&staging, &target, |target| {
-                let store = factory(target)?;
-                let applied = store.applied_offset()?;
-                if applied != Some(offset) {
-                    return Err(Error::corrupt(format!(
-                        "restored store does not sit at its snapshot's offset after reopening \
-                         snapshot=`{id}` snapshot_offset={offset} applied_offset={applied:?} \
-                         path=`{}`; the store factory must open the store at the path it is given",
-                        target.display()
-                    )));
-                }
-                Ok(store)
-            })?;
-            guard.disarm();
-            Ok(store)
+            switch_in(&staging, guard, store, &target, &*factory, offset, &id)
         };
         // After the store is closed: the hold may remove `target`.
         let store = staging::blocking_held(held, load).await;
@@ -163,6 +94,108 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
         fetchers.shutdown().await;
         Ok((store?, stats))
     }
+}
+
+/// Each layer's chunk files, in order, from the manifest's files.
+fn layer_files(manifest: &Manifest, layers: &[LayerMeta]) -> Result<Vec<Vec<FileEntry>>> {
+    let by_path: BTreeMap<&str, &FileEntry> = manifest
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f))
+        .collect();
+    let mut per_layer: Vec<Vec<FileEntry>> = Vec::with_capacity(layers.len());
+    for (i, l) in layers.iter().enumerate() {
+        let mut files = Vec::new();
+        for c in 0..l.chunks {
+            let p = chunk_path(i, c);
+            let f = by_path
+                .get(p.as_str())
+                .ok_or_else(|| Error::internal(format!("checked file vanished path=`{p}`")))?;
+            files.push((*f).clone());
+        }
+        per_layer.push(files);
+    }
+    Ok(per_layer)
+}
+
+/// The queue a layer's fetch task fills with its chunks, in order.
+type ChunkQueue = tokio::sync::mpsc::Receiver<Result<(String, Bytes)>>;
+
+/// Spawns one fetch task per layer, downloading its chunks in order a few
+/// ahead into a bounded queue; gives the tasks and the queues.
+fn spawn_fetchers(
+    repo: &Repository,
+    sk: &StoreKey,
+    per_layer: Vec<Vec<FileEntry>>,
+) -> (tokio::task::JoinSet<()>, Vec<ChunkQueue>) {
+    let depth = repo.transfer().parallelism.clamp(1, RESTORE_PREFETCH);
+    let mut fetchers = tokio::task::JoinSet::new();
+    let mut queues = Vec::with_capacity(per_layer.len());
+    for files in per_layer {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<(String, Bytes)>>(depth);
+        let (repo, sk) = (repo.clone(), sk.clone());
+        fetchers.spawn(async move {
+            let mut blobs = futures::stream::iter(files)
+                .map(|f| {
+                    let (repo, sk) = (&repo, &sk);
+                    async move {
+                        let b = repo.blobs().get_blob_bytes(sk, &BlobRef::from(&f)).await?;
+                        Ok::<_, Error>((f.path, b))
+                    }
+                })
+                .buffered(depth);
+            while let Some(r) = blobs.next().await {
+                let failed = r.is_err();
+                // A closed queue: the loader stopped (it reports why).
+                if tx.send(r).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        queues.push(rx);
+    }
+    (fetchers, queues)
+}
+
+/// Switches the loaded `store`, built at `staging`, in at `target`: closed,
+/// synced, moved and reopened with `factory` (or, for a store that keeps
+/// nothing at its path, kept as it is). `guard` is disarmed once it is.
+fn switch_in<S: StateStore>(
+    staging: &Path,
+    guard: staging::PathGuard,
+    store: S,
+    target: &Path,
+    factory: &Factory<S>,
+    offset: u64,
+    id: &str,
+) -> Result<S> {
+    if std::fs::symlink_metadata(staging).is_err() {
+        // The factory keeps nothing at the path (an in-memory
+        // store): there is nothing a crash could leave half-written.
+        guard.disarm();
+        remove_path(target)?;
+        return Ok(store);
+    }
+    drop(store); // closes it: its files are complete
+    if std::fs::symlink_metadata(staging).is_ok_and(|m| m.is_dir()) {
+        crate::store::mark_store_dir(staging)?;
+    }
+    sync_tree(staging)?;
+    let store = swap_into_place(staging, target, |target| {
+        let store = factory(target)?;
+        let applied = store.applied_offset()?;
+        if applied != Some(offset) {
+            return Err(Error::corrupt(format!(
+                "restored store does not sit at its snapshot's offset after reopening \
+                 snapshot=`{id}` snapshot_offset={offset} applied_offset={applied:?} \
+                 path=`{}`; the store factory must open the store at the path it is given",
+                target.display()
+            )));
+        }
+        Ok(store)
+    })?;
+    guard.disarm();
+    Ok(store)
 }
 
 /// Removes a file or directory at `p` (a missing path is fine).

@@ -11,7 +11,7 @@ use super::{PortableFormat, PortableSource};
 use crate::changelog::Record;
 use crate::error::{Error, Result};
 use crate::format::{FormatOutput, WriteContext};
-use crate::repo::{FileEntry, Manifest, SnapshotStats, SnapshotWriter};
+use crate::repo::{FileEntry, Manifest, SnapshotId, SnapshotStats, SnapshotWriter};
 use crate::store::KeyValue;
 use crate::store::memory::MemoryMap;
 
@@ -176,62 +176,11 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             CutContents::Memory(m, _) => Some(m.clone()),
             CutContents::Sorted(..) => None,
         };
-        // Delta if the parent is our last cut and the policy allows it, and
-        // the parent's blobs are all still there: gc may have swept them
-        // since, and a delta naming them would fail its commit on every
-        // retry. Then a full snapshot is written from the cut.
-        let mut delta = None;
-        let mut base = self.delta_base(ctx.parent);
-        if base.is_some()
-            && let Some(parent) = ctx.parent
-            && !ctx
-                .repo
-                .blobs()
-                .blobs_present(ctx.store_key, &parent.files)
-                .await?
-        {
-            tracing::warn!(
-                parent = %parent.snapshot_id,
-                "the parent snapshot's blobs are gone (gc?); writing a full snapshot"
-            );
-            self.forget_last_cut();
-            base = None;
-        }
-        if let (true, Some(new), Some((layers, old))) = (self.policy.enabled, new_map.clone(), base)
-            && layers.len() < self.policy.max_chain_len.saturating_add(1).min(MAX_LAYERS)
-        {
-            let records = crate::util::blocking(move || Ok(diff_maps(&old, &new))).await?;
-            let new_bytes: u64 = records
-                .iter()
-                .map(|r| (r.key.len() + r.value.as_ref().map_or(0, Bytes::len)) as u64)
-                .sum();
-            let base = layers[0].logical_bytes;
-            let deltas: u64 = layers[1..].iter().map(|l| l.logical_bytes).sum::<u64>() + new_bytes;
-            if u128::from(deltas) * 100
-                <= u128::from(base) * u128::from(self.policy.max_delta_percent)
-            {
-                delta = Some((layers, records));
-            }
-        }
+        let delta = self.choose_delta(&ctx, new_map.as_ref()).await?;
         let (layers, depends_on) = match (delta, ctx.parent) {
-            (Some((mut layers, records)), Some(parent)) => {
-                for f in &parent.files {
-                    writer.reuse(f.clone())?;
-                }
-                let n = layers.len();
-                let meta = write_layer(
-                    &mut writer,
-                    self.chunking,
-                    n,
-                    Run::Records(records),
-                    LayerKind::Delta,
-                    offset,
-                )
-                .await?;
-                layers.push(meta);
-                let mut deps = parent.depends_on.clone();
-                deps.push(parent.snapshot_id);
-                (layers, deps)
+            (Some((layers, records)), Some(parent)) => {
+                self.write_delta(&mut writer, parent, layers, records, offset)
+                    .await?
             }
             _ => {
                 let run = match cut.contents {
@@ -265,5 +214,83 @@ impl<S: PortableSource + 'static> PortableFormat<S> {
             // Given by `cut_digest`, before the write.
             logical_digest: None,
         })
+    }
+
+    /// The parent's layers and the records to write over them as a new
+    /// delta layer, or `None` for a full snapshot.
+    async fn choose_delta(
+        &self,
+        ctx: &WriteContext<'_>,
+        new_map: Option<&MemoryMap>,
+    ) -> Result<Option<(Vec<LayerMeta>, Vec<Record>)>> {
+        // Delta if the parent is our last cut and the policy allows it, and
+        // the parent's blobs are all still there: gc may have swept them
+        // since, and a delta naming them would fail its commit on every
+        // retry. Then a full snapshot is written from the cut.
+        let mut delta = None;
+        let mut base = self.delta_base(ctx.parent);
+        if base.is_some()
+            && let Some(parent) = ctx.parent
+            && !ctx
+                .repo
+                .blobs()
+                .blobs_present(ctx.store_key, &parent.files)
+                .await?
+        {
+            tracing::warn!(
+                parent = %parent.snapshot_id,
+                "the parent snapshot's blobs are gone (gc?); writing a full snapshot"
+            );
+            self.forget_last_cut();
+            base = None;
+        }
+        if let (true, Some(new), Some((layers, old))) =
+            (self.policy.enabled, new_map.cloned(), base)
+            && layers.len() < self.policy.max_chain_len.saturating_add(1).min(MAX_LAYERS)
+        {
+            let records = crate::util::blocking(move || Ok(diff_maps(&old, &new))).await?;
+            let new_bytes: u64 = records
+                .iter()
+                .map(|r| (r.key.len() + r.value.as_ref().map_or(0, Bytes::len)) as u64)
+                .sum();
+            let base = layers[0].logical_bytes;
+            let deltas: u64 = layers[1..].iter().map(|l| l.logical_bytes).sum::<u64>() + new_bytes;
+            if u128::from(deltas) * 100
+                <= u128::from(base) * u128::from(self.policy.max_delta_percent)
+            {
+                delta = Some((layers, records));
+            }
+        }
+        Ok(delta)
+    }
+
+    /// Writes `records` as a new delta layer over the parent's `layers`,
+    /// reusing the parent's files; gives the layers and the snapshots the
+    /// new one depends on.
+    async fn write_delta(
+        &self,
+        writer: &mut SnapshotWriter,
+        parent: &Manifest,
+        mut layers: Vec<LayerMeta>,
+        records: Vec<Record>,
+        offset: u64,
+    ) -> Result<(Vec<LayerMeta>, Vec<SnapshotId>)> {
+        for f in &parent.files {
+            writer.reuse(f.clone())?;
+        }
+        let n = layers.len();
+        let meta = write_layer(
+            writer,
+            self.chunking,
+            n,
+            Run::Records(records),
+            LayerKind::Delta,
+            offset,
+        )
+        .await?;
+        layers.push(meta);
+        let mut deps = parent.depends_on.clone();
+        deps.push(parent.snapshot_id);
+        Ok((layers, deps))
     }
 }
