@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use statesnap::group::{GroupContext, GroupOptions, MoveKind, PartitionMove, PartitionStores};
 use statesnap::restore::Source;
 use statesnap::runtime::{SnapshotPolicy, StoreSpec};
-use statesnap::{ChangelogId, KafkaChangelog, KafkaOptions, Repository, RocksFormat, StateManager};
+use statesnap::{KafkaChangelog, KafkaOptions, Repository, RocksFormat, StateManager, StoreKey};
 
 use crate::Result;
 use crate::model::{Event, UserState, apply, output, state_key};
@@ -189,11 +189,9 @@ pub fn store_spec(
     partition: u32,
     dir: PathBuf,
 ) -> statesnap::Result<StoreSpec<RocksFormat, KafkaChangelog>> {
-    let log = KafkaChangelog::open(
-        ChangelogId::for_store(app_id, STORE, partition)?,
-        kafka.clone(),
-    )?;
-    StoreSpec::rocksdb(app_id, STORE, partition, log, dir)
+    let key = StoreKey::new(app_id, STORE, partition)?;
+    let log = KafkaChangelog::open(key.changelog_id(), kafka.clone())?;
+    Ok(StoreSpec::rocksdb(key, log, dir))
 }
 
 impl PartitionStores for Stores {

@@ -10,6 +10,7 @@
 //! full replay of the changelog; both are compared with each other and with
 //! a model of the workload by logical digest.
 
+use statesnap::StoreKey;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,7 +19,6 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use statesnap::Changelog;
 use statesnap::LogicalDigest;
-use statesnap::changelog::ChangelogId;
 use statesnap::format::StoreFormat;
 use statesnap::{
     Error, ErrorKind, FileChangelog, RestoreOptions, RestoreReport, Result, SnapshotPolicy,
@@ -38,7 +38,7 @@ struct Memory;
 impl DemoStore for Memory {
     type F = statesnap::PortableFormat<statesnap::MemoryStore>;
     fn spec(log: FileChangelog, dir: &Path) -> Result<StoreSpec<Self::F, FileChangelog>> {
-        StoreSpec::memory("demo", "users", 0, log, dir)
+        Ok(StoreSpec::memory(store_key()?, log, dir))
     }
 }
 
@@ -48,7 +48,7 @@ struct Rocks;
 impl DemoStore for Rocks {
     type F = statesnap::RocksFormat;
     fn spec(log: FileChangelog, dir: &Path) -> Result<StoreSpec<Self::F, FileChangelog>> {
-        StoreSpec::rocksdb("demo", "users", 0, log, dir)
+        Ok(StoreSpec::rocksdb(store_key()?, log, dir))
     }
 }
 
@@ -159,8 +159,13 @@ fn workload<F: StoreFormat, C: statesnap::Changelog>(
     Ok(model)
 }
 
+/// The demo's one store partition, `demo/users/0`.
+fn store_key() -> Result<StoreKey> {
+    StoreKey::new("demo", "users", 0)
+}
+
 fn log(dir: &Path) -> Result<FileChangelog> {
-    let id = ChangelogId::for_store("demo", "users", 0)?;
+    let id = store_key()?.changelog_id();
     FileChangelog::open(dir.join("changelog"), id, Default::default())
 }
 
@@ -369,20 +374,18 @@ fn print_text(
         "records replayed",
         "logical digest",
     ]);
-    t.add_row(vec![
-        "newest snapshot + tail".to_owned(),
-        out::secs(snap.time),
-        out::bytes(snap.report.transfer.bytes_downloaded),
-        snap.report.replay.records.to_string(),
-        short_digest(&snap.digest),
-    ]);
-    t.add_row(vec![
-        "full changelog replay".to_owned(),
-        out::secs(replay.time),
-        out::bytes(replay.report.transfer.bytes_downloaded),
-        replay.report.replay.records.to_string(),
-        short_digest(&replay.digest),
-    ]);
+    for (name, run) in [
+        ("newest snapshot + tail", snap),
+        ("full changelog replay", replay),
+    ] {
+        t.add_row(vec![
+            name.to_owned(),
+            out::secs(run.time),
+            out::bytes(run.report.transfer.bytes_downloaded),
+            run.report.replay.records.to_string(),
+            short_digest(&run.digest),
+        ]);
+    }
     println!("{t}");
     println!("the snapshot restore used {}", snap.report.source);
     println!("speed-up: snapshot + tail was {speedup:.1}x faster than full replay");

@@ -6,12 +6,12 @@
 //! RocksDB store on a file changelog, written through the runtime, with
 //! three snapshots.
 
+use statesnap::StoreKey;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use assert_cmd::Command;
 use predicates::prelude::*;
-use statesnap::changelog::ChangelogId;
 use statesnap::{FileChangelog, Repository, SnapshotPolicy, StateManager, StateStore, StoreSpec};
 
 const STORE: &str = "shop/carts/0";
@@ -40,7 +40,9 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn log(root: &Path) -> FileChangelog {
-    let id = ChangelogId::for_store("shop", "carts", 0).expect("id");
+    let id = StoreKey::new("shop", "carts", 0)
+        .expect("id")
+        .changelog_id();
     FileChangelog::open(root.join("log"), id, Default::default()).expect("log")
 }
 
@@ -52,8 +54,11 @@ async fn write_fixture(repo_url: &str, root: &Path) {
         .policy(SnapshotPolicy::manual())
         .build()
         .expect("manager");
-    let spec =
-        StoreSpec::rocksdb("shop", "carts", 0, log(root), root.join("app-store")).expect("spec");
+    let spec = StoreSpec::rocksdb(
+        StoreKey::new("shop", "carts", 0).expect("spec"),
+        log(root),
+        root.join("app-store"),
+    );
     let mut h = m.open(spec).await.expect("open");
     for round in 0..3u32 {
         for k in 0..300u32 {
@@ -772,8 +777,11 @@ fn long_history(root: &Path, records: u32, snapshot_after: Option<u32>) -> Strin
             .policy(SnapshotPolicy::manual())
             .build()
             .expect("manager");
-        let spec = StoreSpec::rocksdb("shop", "carts", 0, log(root), root.join("app-store"))
-            .expect("spec");
+        let spec = StoreSpec::rocksdb(
+            StoreKey::new("shop", "carts", 0).expect("spec"),
+            log(root),
+            root.join("app-store"),
+        );
         let mut h = m.open(spec).await.expect("open");
         for i in 0..records {
             h.put(
@@ -1704,9 +1712,11 @@ fn restore_refuses_a_point_past_the_end_and_a_directory_in_use() {
             .policy(SnapshotPolicy::manual())
             .build()
             .expect("manager");
-        let id = ChangelogId::for_store("shop", "carts", 1).expect("id");
+        let id = StoreKey::new("shop", "carts", 1)
+            .expect("id")
+            .changelog_id();
         let l = FileChangelog::open(f.path("log-1"), id, Default::default()).expect("log");
-        let spec = StoreSpec::rocksdb("shop", "carts", 1, l, &live).expect("spec");
+        let spec = StoreSpec::rocksdb(StoreKey::new("shop", "carts", 1).expect("spec"), l, &live);
         let mut h = m.open(spec).await.expect("open live");
         h.put("mine", "untouched");
         h.commit().expect("commit");

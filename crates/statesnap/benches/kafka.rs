@@ -19,11 +19,12 @@
 mod common;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use statesnap::StoreKey;
 use std::time::Duration;
 
 use statesnap::changelog::file::FsyncPolicy;
 use statesnap::changelog::kafka::{KafkaChangelog, KafkaOptions, NonCompactedPolicy};
-use statesnap::changelog::{Changelog, ChangelogId, Record};
+use statesnap::changelog::{Changelog, Record};
 use statesnap::restore::{ReplayOptions, replay};
 use statesnap::store::MemoryStore;
 use statesnap::store::RocksStore;
@@ -63,7 +64,9 @@ fn bootstrap(mock: &mut Option<Mock>) -> Option<String> {
 
 fn open(bootstrap: &str, store: &str, mock: Option<&Mock>) -> KafkaChangelog {
     let run = uuid::Uuid::new_v4().simple().to_string();
-    let id = ChangelogId::for_store(&format!("bench{}", &run[..8]), store, 0).expect("topic name");
+    let id = StoreKey::new(&format!("bench{}", &run[..8]), store, 0)
+        .expect("topic name")
+        .changelog_id();
     let mut options = KafkaOptions::new(bootstrap);
     // Extra librdkafka properties for experiments: `k=v,k=v`.
     if let Ok(extra) = std::env::var("STATESNAP_BENCH_KAFKA_PROPERTIES") {

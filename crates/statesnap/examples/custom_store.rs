@@ -23,7 +23,7 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{ChangelogBinding, ChangelogId, Record};
+use statesnap::changelog::{ChangelogBinding, Record};
 use statesnap::commit_snapshot;
 use statesnap::format::portable::{PortableCut, PortableFormat, PortableSource};
 use statesnap::format::{
@@ -403,7 +403,7 @@ async fn through_the_runtime(repo: &Repository, dir: &Path) -> Result<u64> {
     let log = || {
         FileChangelog::open(
             dir.join("changelog"),
-            ChangelogId::for_store("example", "sessions", 0)?,
+            StoreKey::new("example", "sessions", 0)?.changelog_id(),
             FileChangelogOptions::default(),
         )
     };
@@ -444,7 +444,7 @@ async fn main() -> Result<()> {
     let store_key = StoreKey::new("example", "logfile", 0)?;
     let changelog = FileChangelog::open(
         tmp.path().join("changelog"),
-        ChangelogId::for_store("example", "logfile", 0)?,
+        StoreKey::new("example", "logfile", 0)?.changelog_id(),
         FileChangelogOptions::default(),
     )?;
 

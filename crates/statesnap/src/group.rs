@@ -64,7 +64,7 @@
 //! use rdkafka::message::Message;
 //! use statesnap::group::{GroupContext, GroupOptions, PartitionStores};
 //! use statesnap::runtime::StoreSpec;
-//! use statesnap::{ChangelogId, KafkaChangelog, KafkaOptions, RocksFormat, StateManager};
+//! use statesnap::{KafkaChangelog, KafkaOptions, RocksFormat, StateManager, StoreKey};
 //!
 //! struct Counts {
 //!     kafka: KafkaOptions,
@@ -76,8 +76,9 @@
 //!     type Changelog = KafkaChangelog;
 //!     fn spec(&self, _topic: &str, partition: i32) -> statesnap::Result<StoreSpec<RocksFormat, KafkaChangelog>> {
 //!         let p = partition as u32;
-//!         let log = KafkaChangelog::open(ChangelogId::for_store("app", "counts", p)?, self.kafka.clone())?;
-//!         StoreSpec::rocksdb("app", "counts", p, log, self.dir.join(format!("counts-{p}")))
+//!         let key = StoreKey::new("app", "counts", p)?;
+//!         let log = KafkaChangelog::open(key.changelog_id(), self.kafka.clone())?;
+//!         Ok(StoreSpec::rocksdb(key, log, self.dir.join(format!("counts-{p}"))))
 //!     }
 //! }
 //!
@@ -685,8 +686,8 @@ impl<S: PartitionStores> ConsumerContext for GroupContext<S> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::changelog::ChangelogId;
     use crate::format::portable::PortableFormat;
+    use crate::repo::StoreKey;
     use crate::runtime::SnapshotPolicy;
     use crate::store::memory::MemoryStore;
     use crate::{FileChangelog, Repository};
@@ -696,12 +697,16 @@ mod tests {
     async fn open(manager: &StateManager, dir: &std::path::Path) -> Handle {
         let log = FileChangelog::open(
             dir.join("log"),
-            ChangelogId::for_store("app", "s", 0).unwrap(),
+            StoreKey::new("app", "s", 0).unwrap().changelog_id(),
             Default::default(),
         )
         .unwrap();
         manager
-            .open(StoreSpec::memory("app", "s", 0, log, dir.join("store")).unwrap())
+            .open(StoreSpec::memory(
+                StoreKey::new("app", "s", 0).unwrap(),
+                log,
+                dir.join("store"),
+            ))
             .await
             .unwrap()
     }

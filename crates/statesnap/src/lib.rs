@@ -20,22 +20,24 @@
 //! ```
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 //! # async fn main() -> statesnap::Result<()> {
-//! use statesnap::{ChangelogId, FileChangelog, Repository, SnapshotPolicy, StateManager, StoreSpec};
+//! use statesnap::{FileChangelog, Repository, SnapshotPolicy, StateManager, StoreKey, StoreSpec};
 //! # let dir = tempfile::tempdir().expect("tempdir");
 //! # let url = format!("file://{}", dir.path().join("repo").display());
-//! # let log = || FileChangelog::open(dir.path().join("log"), ChangelogId::for_store("shop", "carts", 0)?, Default::default());
+//! let carts_0 = StoreKey::new("shop", "carts", 0)?; // application, store, partition
+//! # let id = carts_0.changelog_id();
+//! # let log = || FileChangelog::open(dir.path().join("log"), id.clone(), Default::default());
 //!
 //! let state = StateManager::builder(Repository::init(&url, Default::default()).await?)
 //!     .policy(SnapshotPolicy::default().every_records(100_000))
 //!     .build()?;
-//! let mut carts = state.open(StoreSpec::memory("shop", "carts", 0, log()?, dir.path().join("carts"))?).await?;
+//! let mut carts = state.open(StoreSpec::memory(carts_0.clone(), log()?, dir.path().join("carts"))).await?;
 //! carts.put("cart-1", "apples");
 //! carts.commit()?;                      // changelog first, then the store
 //! assert_eq!(carts.get(b"cart-1")?.as_deref(), Some(&b"apples"[..]));
 //! carts.close().await?;                 // handoff snapshot
 //!
 //! // The next owner: the snapshot, nothing to replay.
-//! let carts = state.open(StoreSpec::memory("shop", "carts", 0, log()?, dir.path().join("carts"))?).await?;
+//! let carts = state.open(StoreSpec::memory(carts_0, log()?, dir.path().join("carts"))).await?;
 //! assert_eq!(carts.report().replay.records, 0);
 //! # Ok(()) }
 //! ```
@@ -51,13 +53,14 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> statesnap::Result<()> {
 //! use statesnap::{
-//!     ChangelogId, FileChangelog, FileChangelogOptions, LoggedStore, MemoryStore, PortableFormat,
+//!     FileChangelog, FileChangelogOptions, LoggedStore, MemoryStore, PortableFormat,
 //!     Repository, RestoreOptions, StateStore, StateStoreExt, StoreFormat, StoreKey,
 //!     commit_snapshot, restore_store,
 //! };
 //!
 //! let dir = tempfile::tempdir().expect("tempdir");
-//! let id = ChangelogId::for_store("shop", "carts", 0)?; // topic shop-carts-changelog
+//! let store_key = StoreKey::new("shop", "carts", 0)?;
+//! let id = store_key.changelog_id(); // topic shop-carts-changelog, partition 0
 //! let log = FileChangelog::open(dir.path().join("log"), id, FileChangelogOptions::default())?;
 //!
 //! // Write through the logged store: read-your-writes, then commit.
@@ -70,7 +73,6 @@
 //! let url = format!("file://{}", dir.path().join("repo").display());
 //! let repo = Repository::init(&url, Default::default()).await?;
 //! let format = PortableFormat::memory();
-//! let store_key = StoreKey::new("shop", "carts", 0)?;
 //! let cut = format.capture(carts.store())?;
 //! let manifest = commit_snapshot(&format, cut, &repo, &store_key, carts.changelog(), None).await?;
 //!

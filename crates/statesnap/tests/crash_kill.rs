@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
+use statesnap::StoreKey;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -21,7 +22,7 @@ use statesnap::store::{StateStore, StateStoreExt};
 const CHILD_ENV: &str = "STATESNAP_CRASH_CHILD_DIR";
 
 fn id() -> ChangelogId {
-    ChangelogId::for_store("crash", "store", 0).unwrap()
+    StoreKey::new("crash", "store", 0).unwrap().changelog_id()
 }
 
 fn log_options() -> FileChangelogOptions {
@@ -207,7 +208,11 @@ fn runtime_spec(
     store_dir: &str,
 ) -> statesnap::StoreSpec<statesnap::RocksFormat, FileChangelog> {
     let log = open_log(dir);
-    statesnap::StoreSpec::rocksdb("crash", "store", 0, log, dir.join(store_dir)).unwrap()
+    statesnap::StoreSpec::rocksdb(
+        StoreKey::new("crash", "store", 0).unwrap(),
+        log,
+        dir.join(store_dir),
+    )
 }
 
 /// The child: a stream processor on the runtime, snapshotting every 150

@@ -6,6 +6,7 @@
 mod common;
 
 use bytes::Bytes;
+use statesnap::StoreKey;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use statesnap::store::StateStore;
 use statesnap::{ErrorKind, Reason};
 
 fn id() -> ChangelogId {
-    ChangelogId::for_store("app", "counts", 0).unwrap()
+    StoreKey::new("app", "counts", 0).unwrap().changelog_id()
 }
 
 fn open_log(dir: &Path) -> FileChangelog {

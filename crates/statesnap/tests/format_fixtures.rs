@@ -274,7 +274,7 @@ const LINEAGE: &str = "5f0c3f0e-8a9e-4c5b-9e0e-2f3c1d7a9b10";
 const T0: i64 = 1_700_000_000_000;
 
 fn changelog_id() -> ChangelogId {
-    ChangelogId::for_store("app", "store", 0).unwrap()
+    StoreKey::new("app", "store", 0).unwrap().changelog_id()
 }
 
 /// The records of the segment fixture: what the third writer session left
@@ -538,7 +538,7 @@ fn changelog_v1_fixture_opens_and_is_upgraded_by_the_next_append() {
 #[test]
 fn changelog_fixtures_belong_to_their_topic() {
     let tmp = log_dir_from_fixtures("changelog.json");
-    let other = ChangelogId::for_store("app", "other", 0).unwrap();
+    let other = StoreKey::new("app", "other", 0).unwrap().changelog_id();
     let e = FileChangelog::open_read_only(tmp.path(), other).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
     assert_eq!(e.reason(), Some(Reason::OtherChangelog), "{e}");

@@ -15,6 +15,7 @@ mod common;
 use bytes::Bytes;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
+use statesnap::StoreKey;
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -105,7 +106,9 @@ impl SharedBroker {
 /// A topic name no other test or run uses.
 fn fresh_id(store: &str) -> ChangelogId {
     let run = uuid::Uuid::new_v4().simple().to_string();
-    ChangelogId::for_store(&format!("t{}", &run[..12]), store, 0).unwrap()
+    StoreKey::new(&format!("t{}", &run[..12]), store, 0)
+        .unwrap()
+        .changelog_id()
 }
 
 fn options(bootstrap: &str) -> KafkaOptions {

@@ -9,6 +9,7 @@ mod common;
 
 use bytes::Bytes;
 use proptest::prelude::*;
+use statesnap::StoreKey;
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -61,7 +62,7 @@ fn small_segments() -> FileChangelogOptions {
 }
 
 fn id() -> ChangelogId {
-    ChangelogId::for_store("model", "store", 0).unwrap()
+    StoreKey::new("model", "store", 0).unwrap().changelog_id()
 }
 
 /// A file changelog whose next append can be made to write only part of its

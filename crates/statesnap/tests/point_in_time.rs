@@ -13,7 +13,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use statesnap::changelog::file::{CompactOptions, FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogId, Record};
+use statesnap::changelog::{Changelog, Record};
 use statesnap::restore::{PlanOptions, Source, plan_restore};
 use statesnap::{
     ErrorKind, LoggedStore, MemoryStore, PortableFormat, Repository, RestoreOptions, StoreKey,
@@ -29,7 +29,7 @@ fn sk() -> StoreKey {
 }
 
 fn open_log(dir: &Path) -> FileChangelog {
-    let id = ChangelogId::for_store("app", "pit", 0).unwrap();
+    let id = StoreKey::new("app", "pit", 0).unwrap().changelog_id();
     let options = FileChangelogOptions {
         // Small segments: most of the log is closed, so compaction reaches it.
         segment_bytes: 512,
@@ -259,7 +259,7 @@ async fn the_runtime_opens_a_point_in_time_exactly_or_refuses() {
     let spec = |until: u64| {
         let log = FileChangelog::open_read_only(
             dir.path().join("log"),
-            ChangelogId::for_store("app", "pit", 0).unwrap(),
+            StoreKey::new("app", "pit", 0).unwrap().changelog_id(),
         )
         .unwrap();
         StoreSpec::new(

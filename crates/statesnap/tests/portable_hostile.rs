@@ -127,7 +127,7 @@ async fn rss_write_1m() {
     let dir = std::path::PathBuf::from(std::env::var("STATESNAP_RSS_DIR").unwrap());
     let log = FileChangelog::open(
         dir.join("log"),
-        statesnap::changelog::ChangelogId::for_store("app", "hostile", 0).unwrap(),
+        StoreKey::new("app", "hostile", 0).unwrap().changelog_id(),
         FileChangelogOptions {
             fsync: FsyncPolicy::Never,
             ..FileChangelogOptions::default()

@@ -48,7 +48,7 @@ fn sk() -> StoreKey {
 }
 
 fn id() -> ChangelogId {
-    ChangelogId::for_store("app", "rocks", 0).unwrap()
+    StoreKey::new("app", "rocks", 0).unwrap().changelog_id()
 }
 
 /// A changelog for tests that load stores in bulk ([`fill`]); fsynced only

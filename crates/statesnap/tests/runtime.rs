@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Kv, Rng, contents, key};
-use statesnap::changelog::ChangelogId;
 use statesnap::clock::{ManualClock, SharedClock};
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::restore::Source;
@@ -28,7 +27,7 @@ type Log = FileChangelog;
 fn log(dir: &Path) -> statesnap::Result<Log> {
     FileChangelog::open(
         dir.join("log"),
-        ChangelogId::for_store("app", "rt", 0)?,
+        StoreKey::new("app", "rt", 0)?.changelog_id(),
         Default::default(),
     )
 }
@@ -95,12 +94,13 @@ impl Handle {
         let target = dir.join(store_dir);
         Ok(match kind {
             Kind::Memory => {
-                let mut spec = StoreSpec::memory("app", "rt", 0, log(dir)?, target)?;
+                let mut spec = StoreSpec::memory(StoreKey::new("app", "rt", 0)?, log(dir)?, target);
                 spec.at_offset = at;
                 Handle::Memory(m.open(spec).await?)
             }
             Kind::Rocks => {
-                let mut spec = StoreSpec::rocksdb("app", "rt", 0, log(dir)?, target)?;
+                let mut spec =
+                    StoreSpec::rocksdb(StoreKey::new("app", "rt", 0)?, log(dir)?, target);
                 spec.at_offset = at;
                 Handle::Rocks(m.open(spec).await?)
             }
@@ -250,13 +250,10 @@ async fn plan_agrees_with_open_for_every_candidate_kind() {
     let m = manager(repo.clone(), &clock, SnapshotPolicy::manual());
     let spec = |store_dir: &str| {
         StoreSpec::rocksdb(
-            "app",
-            "rt",
-            0,
+            StoreKey::new("app", "rt", 0).unwrap(),
             log(dir.path()).unwrap(),
             dir.path().join(store_dir),
         )
-        .unwrap()
     };
     let mut model = Kv::new();
     let mut rng = Rng(11);
@@ -431,23 +428,20 @@ async fn a_store_is_open_once_per_manager_and_not_after_shutdown() {
         SnapshotPolicy::manual(),
     );
     let h = m
-        .open(
-            StoreSpec::memory(
-                "app",
-                "rt",
-                0,
-                log(dir.path()).unwrap(),
-                dir.path().join("s"),
-            )
-            .unwrap(),
-        )
+        .open(StoreSpec::memory(
+            StoreKey::new("app", "rt", 0).unwrap(),
+            log(dir.path()).unwrap(),
+            dir.path().join("s"),
+        ))
         .await
         .unwrap();
     let other = dir.path().join("other");
     let err = m
-        .open(
-            StoreSpec::memory("app", "rt", 0, log(&other).unwrap(), dir.path().join("t")).unwrap(),
-        )
+        .open(StoreSpec::memory(
+            StoreKey::new("app", "rt", 0).unwrap(),
+            log(&other).unwrap(),
+            dir.path().join("t"),
+        ))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
@@ -456,16 +450,11 @@ async fn a_store_is_open_once_per_manager_and_not_after_shutdown() {
     assert!(m.status().is_empty());
     m.shutdown().await;
     let err = m
-        .open(
-            StoreSpec::memory(
-                "app",
-                "rt",
-                0,
-                log(dir.path()).unwrap(),
-                dir.path().join("s"),
-            )
-            .unwrap(),
-        )
+        .open(StoreSpec::memory(
+            StoreKey::new("app", "rt", 0).unwrap(),
+            log(dir.path()).unwrap(),
+            dir.path().join("s"),
+        ))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
@@ -1137,13 +1126,10 @@ async fn logical_digests_are_recorded_compared_and_enforced() {
     assert_eq!(deep.digest_check(), DigestCheck::Mismatch);
     assert_eq!((deep.expected, deep.actual), (Some(d_portable), d_rocks));
     let spec = StoreSpec::rocksdb(
-        "app",
-        "rt",
-        0,
+        StoreKey::new("app", "rt", 0).unwrap(),
         log(dir.path()).unwrap(),
         dir.path().join("v"),
     )
-    .unwrap()
     .verify_digest();
     let checked = m.open(spec).await.unwrap();
     let report = checked.report();
@@ -1205,13 +1191,10 @@ async fn measured_replay_rates_travel_in_manifests() {
     assert_eq!(recorded, measured as u64);
     let c = manager(repo.clone(), &clock, SnapshotPolicy::manual());
     let spec = StoreSpec::memory(
-        "app",
-        "rt",
-        0,
+        StoreKey::new("app", "rt", 0).unwrap(),
         log(dir.path()).unwrap(),
         dir.path().join("s"),
-    )
-    .unwrap();
+    );
     let plan = c.plan(&spec).await.unwrap();
     let _ = c.estimate(&plan);
     assert_eq!(c.rates().replay_records_per_sec, recorded as f64);
@@ -1461,7 +1444,8 @@ async fn snapshot_and_open_beside_a_watchdog(kind: Kind) {
     let m = manager(repo, &clock, SnapshotPolicy::manual());
     let got = match kind {
         Kind::Memory => {
-            let spec = StoreSpec::memory("app", "rt", 0, gated(), &store_dir).unwrap();
+            let spec =
+                StoreSpec::memory(StoreKey::new("app", "rt", 0).unwrap(), gated(), &store_dir);
             let h = m.open(spec).await.unwrap();
             assert_eq!(h.report().replay.records, 5_000);
             let got = contents(h.store());
@@ -1469,7 +1453,8 @@ async fn snapshot_and_open_beside_a_watchdog(kind: Kind) {
             got
         }
         Kind::Rocks => {
-            let spec = StoreSpec::rocksdb("app", "rt", 0, gated(), &store_dir).unwrap();
+            let spec =
+                StoreSpec::rocksdb(StoreKey::new("app", "rt", 0).unwrap(), gated(), &store_dir);
             let h = m.open(spec).await.unwrap();
             assert_eq!(h.report().replay.records, 5_000);
             let got = contents(h.store());

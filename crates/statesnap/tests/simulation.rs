@@ -137,7 +137,7 @@ fn sk() -> StoreKey {
 }
 
 fn id() -> ChangelogId {
-    ChangelogId::for_store("sim", "store", 0).unwrap()
+    StoreKey::new("sim", "store", 0).unwrap().changelog_id()
 }
 
 struct Sim<K: Kind> {

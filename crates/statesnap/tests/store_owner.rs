@@ -20,7 +20,6 @@ use object_store::local::LocalFileSystem;
 use proptest::prelude::*;
 
 use common::contents;
-use statesnap::changelog::ChangelogId;
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::runtime::{StateHandle, StateManager, StoreSpec};
 use statesnap::{
@@ -33,7 +32,9 @@ type Log = FileChangelog;
 fn log(dir: &Path, partition: u32) -> Log {
     FileChangelog::open(
         dir.join(format!("log-{partition}")),
-        ChangelogId::for_store("app", "own", partition).unwrap(),
+        StoreKey::new("app", "own", partition)
+            .unwrap()
+            .changelog_id(),
         Default::default(),
     )
     .unwrap()

@@ -306,7 +306,7 @@ pub async fn prepare(config: &ScenarioConfig) -> Result<()> {
     // The changelog topic, compacted, created by the changelog itself.
     let kafka = changelog_options(&config.bootstrap, config.partitions);
     drop(statesnap::KafkaChangelog::open(
-        statesnap::ChangelogId::for_store(&config.app_id, STORE, 0)?,
+        statesnap::StoreKey::new(&config.app_id, STORE, 0)?.changelog_id(),
         kafka,
     )?);
     match Repository::init(&config.repo, repo_options(config)).await {

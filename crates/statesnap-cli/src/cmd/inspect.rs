@@ -360,11 +360,7 @@ async fn seed(
     out: Out,
 ) -> Result<ExitCode> {
     let url: statesnap::changelog::ChangelogUrl = url.parse()?;
-    let log = url.open(statesnap::ChangelogId::for_store(
-        to.application(),
-        to.store(),
-        to.partition(),
-    )?)?;
+    let log = url.open(to.changelog_id())?;
     let kind = FormatKind::of_store(repo, from).await?;
     let (_guard, scratch) = super::scratch()?;
     let what = format!("seeding {to} from {from}");

@@ -10,7 +10,7 @@ pub mod verify;
 
 use std::path::Path;
 
-use statesnap::changelog::{Changelog, ChangelogId, ChangelogUrl};
+use statesnap::changelog::{Changelog, ChangelogUrl};
 use statesnap::repo::{RepositoryOptions, SnapshotId, SnapshotInfo, StoreKey};
 use statesnap::{Error, ErrorKind, Repository, Result};
 
@@ -124,8 +124,7 @@ pub fn snapshot_id(id: &str) -> Result<Option<SnapshotId>> {
 /// follows by convention (a Kafka URL names its own topic).
 pub fn changelog(url: &str, sk: &StoreKey) -> Result<Box<dyn Changelog>> {
     let url: ChangelogUrl = url.parse()?;
-    let id = ChangelogId::for_store(sk.application(), sk.store(), sk.partition())?;
-    url.open_for_reading(id)
+    url.open_for_reading(sk.changelog_id())
 }
 
 /// Declares the snapshot formats this build reads, one entry each: its

@@ -2,11 +2,12 @@
 //! them). Each bench compiles its own copy and uses a part of it.
 #![allow(dead_code)]
 
+use statesnap::StoreKey;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use statesnap::changelog::Changelog;
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
-use statesnap::changelog::{Changelog, ChangelogId};
 
 /// The number in environment variable `name`, or `default`.
 pub fn env_u64(name: &str, default: u64) -> u64 {
@@ -45,7 +46,9 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// A file changelog in `dir` for partition 0 of store `bench/<store>`, with
 /// `fsync`.
 pub fn file_log(dir: &Path, store: &str, fsync: FsyncPolicy) -> FileChangelog {
-    let id = ChangelogId::for_store("bench", store, 0).expect("changelog id");
+    let id = StoreKey::new("bench", store, 0)
+        .expect("changelog id")
+        .changelog_id();
     let opts = FileChangelogOptions {
         fsync,
         ..FileChangelogOptions::default()

@@ -36,7 +36,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::changelog::ChangelogId;
 use crate::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
 use crate::error::{Error, Result};
 use crate::repo::{Repository, RepositoryOptions, StoreKey};
@@ -121,7 +120,7 @@ pub(crate) fn store_key(name: &str) -> Result<StoreKey> {
 /// A file changelog in `dir` for `bench/<name>/0` that fsyncs only when
 /// asked (a snapshot asks).
 pub(crate) fn file_log(dir: &Path, name: &str) -> Result<FileChangelog> {
-    let id = ChangelogId::for_store("bench", name, 0)?;
+    let id = store_key(name)?.changelog_id();
     let opts = FileChangelogOptions {
         fsync: FsyncPolicy::Never,
         ..FileChangelogOptions::default()

@@ -11,11 +11,12 @@ use serde::Serialize;
 
 use super::backup::{bench_options, loaded_store};
 use super::{key, local_repo, remove, store_key, value};
+use crate::changelog::Changelog;
 use crate::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
-use crate::changelog::{Changelog, ChangelogId};
 use crate::error::{Error, Result};
 use crate::format::rocks::RocksFormat;
 use crate::format::{RestoreContext, StoreFormat};
+use crate::repo::StoreKey;
 use crate::repo::{Manifest, Repository};
 use crate::runtime::{SnapshotPolicy, StateManager, StoreSpec};
 use crate::snapshot::commit_snapshot;
@@ -157,7 +158,7 @@ impl ConcurrentRestores {
 fn partition_log(dir: &Path, p: u32) -> Result<FileChangelog> {
     FileChangelog::open(
         dir.join(format!("log-{p}")),
-        ChangelogId::for_store("bench", "scale", p)?,
+        StoreKey::new("bench", "scale", p)?.changelog_id(),
         FileChangelogOptions {
             fsync: FsyncPolicy::Never,
             ..FileChangelogOptions::default()
@@ -166,13 +167,11 @@ fn partition_log(dir: &Path, p: u32) -> Result<FileChangelog> {
 }
 
 fn spec(dir: &Path, p: u32, into: &str) -> Result<StoreSpec<RocksFormat, FileChangelog>> {
-    StoreSpec::rocksdb(
-        "bench",
-        "scale",
-        p,
+    Ok(StoreSpec::rocksdb(
+        StoreKey::new("bench", "scale", p)?,
         partition_log(dir, p)?,
         dir.join(format!("{into}-{p}")),
-    )
+    ))
 }
 
 /// Writes `keys_per_partition` keys into each of `partitions` RocksDB

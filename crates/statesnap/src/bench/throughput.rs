@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::changelog::file::FileChangelog;
 use crate::error::{Error, Result};
 use crate::format::StoreFormat;
+use crate::repo::StoreKey;
 use crate::runtime::{SnapshotPolicy, StateHandle, StateManager, StoreSpec};
 
 /// Updates per committed batch.
@@ -66,7 +67,11 @@ struct Memory;
 impl Kind for Memory {
     type F = crate::PortableFormat<crate::MemoryStore>;
     fn spec(dir: &Path, store_dir: &str) -> Result<StoreSpec<Self::F, FileChangelog>> {
-        StoreSpec::memory("bench", "runtime", 0, log(dir)?, dir.join(store_dir))
+        Ok(StoreSpec::memory(
+            StoreKey::new("bench", "runtime", 0)?,
+            log(dir)?,
+            dir.join(store_dir),
+        ))
     }
 }
 
@@ -74,7 +79,11 @@ struct Rocks;
 impl Kind for Rocks {
     type F = crate::RocksFormat;
     fn spec(dir: &Path, store_dir: &str) -> Result<StoreSpec<Self::F, FileChangelog>> {
-        StoreSpec::rocksdb("bench", "runtime", 0, log(dir)?, dir.join(store_dir))
+        Ok(StoreSpec::rocksdb(
+            StoreKey::new("bench", "runtime", 0)?,
+            log(dir)?,
+            dir.join(store_dir),
+        ))
     }
 }
 

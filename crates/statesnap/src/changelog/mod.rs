@@ -114,12 +114,6 @@ impl ChangelogId {
         validate_topic(&topic)?;
         Ok(ChangelogId { topic, partition })
     }
-
-    /// The changelog of `store` in `application`, named like Kafka Streams
-    /// does: `<application>-<store>-changelog`.
-    pub fn for_store(application: &str, store: &str, partition: u32) -> Result<Self> {
-        ChangelogId::new(format!("{application}-{store}-changelog"), partition)
-    }
 }
 
 impl fmt::Display for ChangelogId {
@@ -428,10 +422,13 @@ forward_changelog!(&C);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::repo::StoreKey;
 
     #[test]
     fn topic_names_follow_kafka_rules() {
-        let id = ChangelogId::for_store("app", "counts", 3).expect("valid");
+        let id = StoreKey::new("app", "counts", 3)
+            .expect("valid")
+            .changelog_id();
         assert_eq!(id.topic, "app-counts-changelog");
         assert_eq!(id.to_string(), "app-counts-changelog/3");
         for bad in ["", ".", "..", "a/b", "a b", "é", &"x".repeat(250)] {

@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::changelog::ChangelogId;
 use crate::changelog::file::{FileChangelog, FileChangelogOptions};
 use crate::error::ErrorKind;
 use crate::format::{RestoreContext, RestoreStats, StoreFormat};
@@ -59,7 +58,9 @@ impl<F: StoreFormat> Fixture<F> {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = FileChangelog::open(
             dir.path().join("log"),
-            ChangelogId::for_store("conformance", "format", 0).expect("changelog id"),
+            StoreKey::new("conformance", "format", 0)
+                .expect("changelog id")
+                .changelog_id(),
             FileChangelogOptions::default(),
         )
         .expect("open changelog");

@@ -422,12 +422,7 @@ pub async fn catalog_sorts_adversarial_names(repo: &Repository) {
     assert_eq!(got, want);
     assert_eq!(l.unreadable.len(), 2, "{:?}", l.unreadable);
     assert!(l.unreadable.iter().all(|u| u.kind == ErrorKind::Corrupt));
-    let latest = repo
-        .catalog()
-        .latest(&sk)
-        .await
-        .expect("latest")
-        .expect("some");
+    let latest = newest(repo, &sk).await;
     assert_eq!(latest.offset(), u64::MAX);
     let at_or_before = |offset| {
         let sk = &sk;
@@ -548,12 +543,7 @@ pub async fn gc_keeps_referenced_and_sweeps_old_unreferenced(
     assert_eq!(r.bytes_deleted, orphan.size);
     assert!(!exists(&orphan).await, "swept");
     assert!(exists(&kept).await, "referenced");
-    let latest = repo
-        .catalog()
-        .latest(&sk)
-        .await
-        .expect("latest")
-        .expect("some");
+    let latest = newest(repo, &sk).await;
     for f in &latest.manifest.files {
         repo.blobs()
             .get_blob_bytes(&sk, &BlobRef::from(f))
@@ -567,4 +557,10 @@ pub async fn gc_keeps_referenced_and_sweeps_old_unreferenced(
         r.blobs_condemned.is_empty() && r.blobs_deleted.is_empty(),
         "{r:?}"
     );
+}
+
+/// The newest snapshot of `sk`, which the caller has committed.
+async fn newest(repo: &Repository, sk: &StoreKey) -> crate::repo::SnapshotInfo {
+    let latest = repo.catalog().latest(sk).await.expect("latest");
+    latest.expect("a committed snapshot")
 }

@@ -19,6 +19,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
+use crate::changelog::ChangelogId;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 
@@ -155,6 +156,21 @@ impl StoreKey {
     /// The partition.
     pub fn partition(&self) -> u32 {
         self.partition
+    }
+
+    /// The changelog this store partition follows by convention, named like
+    /// Kafka Streams does: topic `<application>-<store>-changelog`, this
+    /// key's partition.
+    ///
+    /// Infallible: a key's names are valid topic characters, and a valid
+    /// key's topic is at most 208 characters (Kafka allows 249).
+    pub fn changelog_id(&self) -> ChangelogId {
+        let topic = format!("{}-{}-changelog", self.application, self.store);
+        debug_assert!(ChangelogId::new(topic.as_str(), self.partition).is_ok());
+        ChangelogId {
+            topic,
+            partition: self.partition,
+        }
     }
 
     /// Parses a rendering made by [`fmt::Display`]; `None` if it is not one.

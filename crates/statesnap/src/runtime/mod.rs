@@ -27,7 +27,7 @@
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 //! # async fn main() -> statesnap::Result<()> {
 //! use statesnap::runtime::{SnapshotPolicy, StateManager, StoreSpec};
-//! use statesnap::{ChangelogId, FileChangelog, Repository};
+//! use statesnap::{FileChangelog, Repository, StoreKey};
 //! # let dir = tempfile::tempdir().expect("tempdir");
 //! # let url = format!("file://{}", dir.path().join("repo").display());
 //!
@@ -36,13 +36,10 @@
 //!     .policy(SnapshotPolicy::default().every_records(10_000))
 //!     .build()?;
 //! // A partition is assigned to this process:
-//! let log = FileChangelog::open(
-//!     dir.path().join("log"),
-//!     ChangelogId::for_store("shop", "carts", 0)?,
-//!     Default::default(),
-//! )?;
+//! let key = StoreKey::new("shop", "carts", 0)?;
+//! let log = FileChangelog::open(dir.path().join("log"), key.changelog_id(), Default::default())?;
 //! let mut carts = state
-//!     .open(StoreSpec::memory("shop", "carts", 0, log, dir.path().join("carts"))?)
+//!     .open(StoreSpec::memory(key, log, dir.path().join("carts")))
 //!     .await?;
 //! carts.put("cart-1", "apples");
 //! carts.commit()?;
@@ -143,40 +140,20 @@ impl<F: StoreFormat, C: Changelog> StoreSpec<F, C> {
 }
 
 impl<C: Changelog> StoreSpec<PortableFormat<MemoryStore>, C> {
-    /// An in-memory store (portable format) of `application`/`store`,
-    /// partition `partition`. Memory stores keep nothing locally: each open
-    /// restores from the newest snapshot (or replays).
-    pub fn memory(
-        application: &str,
-        store: &str,
-        partition: u32,
-        changelog: C,
-        dir: impl Into<PathBuf>,
-    ) -> Result<Self> {
-        let key = StoreKey::new(application, store, partition)?;
-        Ok(StoreSpec::new(
-            key,
-            changelog,
-            PortableFormat::memory(),
-            dir,
-        ))
+    /// An in-memory store (portable format) for `store_key`. Memory stores
+    /// keep nothing locally: each open restores from the newest snapshot
+    /// (or replays).
+    pub fn memory(store_key: StoreKey, changelog: C, dir: impl Into<PathBuf>) -> Self {
+        StoreSpec::new(store_key, changelog, PortableFormat::memory(), dir)
     }
 }
 
 #[cfg(feature = "rocksdb")]
 impl<C: Changelog> StoreSpec<crate::format::rocks::RocksFormat, C> {
-    /// A RocksDB store (default options) of `application`/`store`,
-    /// partition `partition`, living in `dir`.
-    pub fn rocksdb(
-        application: &str,
-        store: &str,
-        partition: u32,
-        changelog: C,
-        dir: impl Into<PathBuf>,
-    ) -> Result<Self> {
-        let key = StoreKey::new(application, store, partition)?;
+    /// A RocksDB store (default options) for `store_key`, living in `dir`.
+    pub fn rocksdb(store_key: StoreKey, changelog: C, dir: impl Into<PathBuf>) -> Self {
         let format = crate::format::rocks::RocksFormat::new(Default::default());
-        Ok(StoreSpec::new(key, changelog, format, dir))
+        StoreSpec::new(store_key, changelog, format, dir)
     }
 }
 

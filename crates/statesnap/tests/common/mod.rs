@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
-use statesnap::changelog::{Changelog, ChangelogId, LoggedRecord};
+use statesnap::changelog::{Changelog, LoggedRecord};
 use statesnap::commit_snapshot;
 use statesnap::format::{RestoreContext, RestoreStats, StoreFormat};
 use statesnap::repo::paths;
@@ -165,7 +165,7 @@ pub fn memory_repo() -> (Repository, Arc<dyn ObjectStore>) {
 /// A file changelog in `dir` (default options) for partition 0 of store
 /// `name` of application `app`.
 pub fn file_log(dir: &Path, app: &str, name: &str) -> FileChangelog {
-    let id = ChangelogId::for_store(app, name, 0).unwrap();
+    let id = StoreKey::new(app, name, 0).unwrap().changelog_id();
     FileChangelog::open(dir, id, FileChangelogOptions::default()).unwrap()
 }
 

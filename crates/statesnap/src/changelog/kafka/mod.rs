@@ -2,11 +2,12 @@
 //! compacted Apache Kafka topic (feature `kafka`, via `rdkafka`).
 //!
 //! ```no_run
-//! use statesnap::changelog::{Changelog, ChangelogId, Record};
+//! use statesnap::StoreKey;
+//! use statesnap::changelog::{Changelog, Record};
 //! use statesnap::changelog::kafka::{KafkaChangelog, KafkaOptions};
 //!
 //! # fn main() -> statesnap::Result<()> {
-//! let id = ChangelogId::for_store("orders-app", "counts", 0)?; // topic `orders-app-counts-changelog`
+//! let id = StoreKey::new("orders-app", "counts", 0)?.changelog_id(); // topic `orders-app-counts-changelog`
 //! let options = KafkaOptions::new("broker-1:9092,broker-2:9092")
 //!     .property("security.protocol", "plaintext")
 //!     .replication_factor(3);
