@@ -68,6 +68,12 @@ pub enum Command {
     /// verified, a new manifest): seed a blue/green deployment's store or
     /// take a copy to inspect.
     Clone(CloneArgs),
+    /// Move every partition of a store into a new partition count (after
+    /// the input topic's partition count changed): each key goes to the
+    /// partition the partitioner names (Kafka's murmur2 by default), each
+    /// target gets its own new changelog and a first snapshot at its end,
+    /// so the resharded application starts without replaying anything.
+    Reshard(ReshardArgs),
     /// The main job on embedded defaults: a stateful workload with
     /// background snapshots, a crash, and the store rebuilt two ways side
     /// by side — newest snapshot + changelog tail vs full replay — with
@@ -332,6 +338,59 @@ pub struct CloneArgs {
     /// the source's changelog.
     #[arg(long, value_name = "URL")]
     pub changelog: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReshardArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// The source store, APPLICATION/STORE: every partition of it the
+    /// repository holds (0..N, each with a snapshot).
+    #[arg(long, value_name = "APP/STORE")]
+    pub from: String,
+    /// The target store, APPLICATION/STORE (another application or store
+    /// name than the source).
+    #[arg(long, value_name = "APP/STORE")]
+    pub to: String,
+    /// The target partition count M.
+    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub partitions: u32,
+    /// Where each partition's changelog is, as a URL with `{topic}` (the
+    /// store's `<application>-<store>-changelog`) and `{partition}` (also
+    /// `{application}`, `{store}`): e.g. `kafka://HOST:PORT/{topic}/{partition}`
+    /// or `file:///DIR/{topic}-{partition}`. The targets' new changelogs
+    /// (empty; a Kafka topic is created with M partitions) and, unless
+    /// --from-changelog-template, the sources'.
+    #[arg(long, value_name = "URL")]
+    pub changelog_template: String,
+    /// The sources' changelogs, when not where --changelog-template says.
+    #[arg(long, value_name = "URL")]
+    pub from_changelog_template: Option<String>,
+    /// How keys are placed: `murmur2` is Kafka's default partitioner for
+    /// keyed records (Java client, librdkafka's murmur2_random).
+    #[arg(long, default_value = "murmur2", value_parser = clap::builder::PossibleValuesParser::new(statesnap::reshard::PARTITIONERS))]
+    pub partitioner: String,
+    /// The targets' store format (`rocksdb` or `portable`; default: the
+    /// sources').
+    #[arg(long, value_name = "FORMAT")]
+    pub to_format: Option<String>,
+    /// Resume an interrupted reshard: targets that already hold records or
+    /// snapshots are checked against this reshard's output (and refused
+    /// if they differ) instead of refused outright.
+    #[arg(long)]
+    pub force: bool,
+    /// Also rebuild every target from its new changelog alone and check it
+    /// holds the same state (one more pass over the data).
+    #[arg(long)]
+    pub verify: bool,
+    /// Print what would be done (sources, their snapshots and tails, the
+    /// targets' changelogs) and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Scratch directory for the restored sources and the built targets
+    /// (must not exist; removed at the end). Default: under $TMPDIR.
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
 }
 
 /// Which store the demo uses.

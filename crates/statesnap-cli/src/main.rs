@@ -32,6 +32,7 @@ async fn dispatch(cli: &args::Cli) -> Result<ExitCode> {
         Command::Scan(a) => cmd::read::scan(a, out).await,
         Command::Diff(a) => cmd::read::diff(a, out).await,
         Command::Clone(a) => cmd::inspect::clone(a, out).await,
+        Command::Reshard(a) => cmd::reshard::run(a, out).await,
         Command::Demo(a) => demo::run(a, out).await,
         #[cfg(feature = "rocksdb")]
         Command::Bench(a) => bench::run(a, out).await,

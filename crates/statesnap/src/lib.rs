@@ -135,6 +135,7 @@ pub mod format;
 #[cfg(feature = "kafka")]
 pub mod group;
 pub mod repo;
+pub mod reshard;
 pub mod restore;
 pub mod runtime;
 pub(crate) mod snapshot;

@@ -5,6 +5,7 @@
 pub mod clean;
 pub mod inspect;
 pub mod read;
+pub mod reshard;
 pub mod restore;
 pub mod verify;
 

@@ -43,9 +43,18 @@ const SCHEMES: &[ChangelogScheme] = &[
 /// What a changelog URL names, read by its scheme's `parse`: it opens the
 /// changelog.
 trait Location: fmt::Debug + Send + Sync {
-    /// Opens the changelog, to write to it (created if missing) or only to
-    /// read it. `id` is the changelog the caller expects.
-    fn open(&self, id: ChangelogId, write: bool) -> Result<Box<dyn Changelog>>;
+    /// Opens the changelog. `id` is the changelog the caller expects.
+    fn open(&self, id: ChangelogId, how: OpenAs) -> Result<Box<dyn Changelog>>;
+}
+
+/// How a [`Location`] opens its changelog.
+#[derive(Debug, Clone, Copy)]
+enum OpenAs {
+    /// Only to read it (nothing created).
+    Reader,
+    /// To write to it, created if missing; a missing Kafka topic gets this
+    /// many partitions (`None`: the client's default).
+    Writer { topic_partitions: Option<u32> },
 }
 
 /// Where a changelog URL points.
@@ -81,7 +90,28 @@ impl ChangelogUrl {
     /// file log is created if missing (and locked), a Kafka topic is
     /// created if missing. `id` is the changelog a file log must be.
     pub fn open(&self, id: ChangelogId) -> Result<Box<dyn Changelog>> {
-        self.location.open(id, true)
+        self.location.open(
+            id,
+            OpenAs::Writer {
+                topic_partitions: None,
+            },
+        )
+    }
+
+    /// [`ChangelogUrl::open`] for one partition of a topic of `partitions`
+    /// partitions: a missing Kafka topic is created with that many (a
+    /// reshard's targets); a file log is one directory per partition.
+    pub fn open_partition_of(
+        &self,
+        id: ChangelogId,
+        partitions: u32,
+    ) -> Result<Box<dyn Changelog>> {
+        self.location.open(
+            id,
+            OpenAs::Writer {
+                topic_partitions: Some(partitions),
+            },
+        )
     }
 
     /// Opens the changelog for reading: the file log read-only (no lock,
@@ -89,7 +119,7 @@ impl ChangelogUrl {
     /// topic must exist). `id` is the changelog a file log must be; a Kafka
     /// URL names its own topic and partition.
     pub fn open_for_reading(&self, id: ChangelogId) -> Result<Box<dyn Changelog>> {
-        self.location.open(id, false)
+        self.location.open(id, OpenAs::Reader)
     }
 }
 
@@ -108,9 +138,9 @@ impl FileLocation {
 }
 
 impl Location for FileLocation {
-    fn open(&self, id: ChangelogId, write: bool) -> Result<Box<dyn Changelog>> {
+    fn open(&self, id: ChangelogId, how: OpenAs) -> Result<Box<dyn Changelog>> {
         let dir = &self.0;
-        if write {
+        if let OpenAs::Writer { .. } = how {
             Ok(Box::new(super::file::FileChangelog::open(
                 dir,
                 id,
@@ -159,15 +189,23 @@ impl KafkaLocation {
 
 impl Location for KafkaLocation {
     #[cfg(feature = "kafka")]
-    fn open(&self, _id: ChangelogId, write: bool) -> Result<Box<dyn Changelog>> {
+    fn open(&self, _id: ChangelogId, how: OpenAs) -> Result<Box<dyn Changelog>> {
         let id = ChangelogId::new(self.topic.clone(), self.partition)?;
         let mut options = super::kafka::KafkaOptions::new(self.bootstrap_servers.clone());
-        options.create_topic = write;
+        match how {
+            OpenAs::Reader => options.create_topic = false,
+            OpenAs::Writer { topic_partitions } => {
+                options.create_topic = true;
+                if let Some(n) = topic_partitions {
+                    options.partitions = i32::try_from(n).unwrap_or(i32::MAX);
+                }
+            }
+        }
         Ok(Box::new(super::kafka::KafkaChangelog::open(id, options)?))
     }
 
     #[cfg(not(feature = "kafka"))]
-    fn open(&self, _id: ChangelogId, _write: bool) -> Result<Box<dyn Changelog>> {
+    fn open(&self, _id: ChangelogId, _how: OpenAs) -> Result<Box<dyn Changelog>> {
         Err(Error::config(
             "this build has no Kafka support; rebuild with the `kafka` feature",
         ))

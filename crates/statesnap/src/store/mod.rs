@@ -89,6 +89,71 @@ pub trait StateStore: Send {
     /// same value is a no-op; to another value, an error (kind `stale`).
     /// Callers use [`ensure_follows`] rather than calling this directly.
     fn bind(&mut self, binding: &ChangelogBinding) -> Result<()>;
+
+    /// A loader that fills this store, which must be empty and bound, with
+    /// entries in strictly ascending key order, each with the changelog
+    /// offset of its record (ascending too): the fast way to build a whole
+    /// store at once (a reshard's targets). The default applies batches
+    /// through [`StateStore::apply`]; a store with a faster bulk path
+    /// (RocksDB: sorted SST files, ingested) overrides it. If loading
+    /// fails, or the loader is dropped before
+    /// [`BulkLoader::finish`], the store is to be discarded.
+    fn bulk_loader(&mut self) -> Result<Box<dyn BulkLoader + '_>> {
+        Ok(Box::new(ApplyLoader {
+            store: self,
+            batch: Vec::with_capacity(BULK_BATCH),
+            last_offset: None,
+        }))
+    }
+}
+
+/// Fills an empty store in key order; see [`StateStore::bulk_loader`].
+pub trait BulkLoader: Send {
+    /// Adds `key` = `value`, written to the changelog at `offset`. Keys and
+    /// offsets ascend strictly.
+    fn put(&mut self, key: &[u8], value: &[u8], offset: u64) -> Result<()>;
+
+    /// Makes every entry visible and records the offset of the last one as
+    /// the store's applied offset.
+    fn finish(self: Box<Self>) -> Result<()>;
+}
+
+/// Entries per [`StateStore::apply`] of the default loader.
+const BULK_BATCH: usize = 10_000;
+
+/// The default [`BulkLoader`]: batches through [`StateStore::apply`].
+struct ApplyLoader<'a, S: ?Sized> {
+    store: &'a mut S,
+    batch: Vec<Record>,
+    last_offset: Option<u64>,
+}
+
+impl<S: StateStore + ?Sized> ApplyLoader<'_, S> {
+    fn flush(&mut self) -> Result<()> {
+        if let Some(offset) = self.last_offset.filter(|_| !self.batch.is_empty()) {
+            self.store.apply(&self.batch, offset)?;
+            self.batch.clear();
+        }
+        Ok(())
+    }
+}
+
+impl<S: StateStore + ?Sized> BulkLoader for ApplyLoader<'_, S> {
+    fn put(&mut self, key: &[u8], value: &[u8], offset: u64) -> Result<()> {
+        self.batch.push(Record::put(
+            Bytes::copy_from_slice(key),
+            Bytes::copy_from_slice(value),
+        ));
+        self.last_offset = Some(offset);
+        if self.batch.len() >= BULK_BATCH {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<()> {
+        self.flush()
+    }
 }
 
 /// The file that marks a directory as a store this library made. A restore
@@ -258,6 +323,9 @@ impl<S: StateStore + ?Sized> StateStore for Box<S> {
     }
     fn bind(&mut self, binding: &ChangelogBinding) -> Result<()> {
         (**self).bind(binding)
+    }
+    fn bulk_loader(&mut self) -> Result<Box<dyn BulkLoader + '_>> {
+        (**self).bulk_loader()
     }
 }
 

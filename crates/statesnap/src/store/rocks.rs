@@ -28,7 +28,7 @@ use rocksdb::{
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
-use super::{KvIter, SizeEstimate, StateStore};
+use super::{BulkLoader, KvIter, SizeEstimate, StateStore};
 use crate::changelog::{ChangelogBinding, Record};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -107,6 +107,9 @@ pub struct RocksStore {
     /// The background fsync of files a restore left to reach the disk
     /// (see [`RocksStore::wait_durable`]).
     restored_sync: Option<super::unsynced::BackgroundSync>,
+    /// The options SST files for [`StateStore::bulk_loader`] are written
+    /// with (the database's: same table format, filters, compression).
+    sst_options: Box<Options>,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -168,6 +171,7 @@ impl RocksStore {
             ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
             ColumnFamilyDescriptor::new(META_CF, opts.clone()),
         ];
+        let sst_options = Box::new(opts.clone());
         let db = DB::open_cf_descriptors(&opts, &path, cfs)
             .map_err(|e| rocks_error("open", &path, e))?;
         let mut write_opts = WriteOptions::default();
@@ -195,6 +199,7 @@ impl RocksStore {
             write_opts,
             incarnation: uuid::Uuid::new_v4(),
             restored_sync,
+            sst_options,
         })
     }
 
@@ -262,6 +267,98 @@ impl RocksStore {
             ))
         })
     }
+}
+
+/// Where the bulk loader writes its SST files, inside the store directory
+/// (the same file system: ingestion moves them).
+const BULK_DIR: &str = "bulk-load";
+/// The size at which the bulk loader starts a new SST file.
+const BULK_SST_BYTES: u64 = 256 << 20;
+
+/// [`RocksStore`]'s [`BulkLoader`]: sorted SST files, ingested at the end.
+struct SstLoader<'a> {
+    db: &'a DB,
+    path: &'a Path,
+    applied_offset: &'a mut Option<u64>,
+    write_opts: &'a WriteOptions,
+    options: &'a Options,
+    dir: PathBuf,
+    writer: Option<rocksdb::SstFileWriter<'a>>,
+    files: Vec<PathBuf>,
+    last_offset: Option<u64>,
+}
+
+impl SstLoader<'_> {
+    /// Closes the current file, if any.
+    fn close_file(&mut self) -> Result<()> {
+        if let Some(mut w) = self.writer.take() {
+            w.finish()
+                .map_err(|e| rocks_error("finish SST file", &self.dir, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl BulkLoader for SstLoader<'_> {
+    fn put(&mut self, key: &[u8], value: &[u8], offset: u64) -> Result<()> {
+        if self
+            .writer
+            .as_ref()
+            .is_some_and(|w| w.file_size() >= BULK_SST_BYTES)
+        {
+            self.close_file()?;
+        }
+        if self.writer.is_none() {
+            let path = self.dir.join(format!("{:06}.sst", self.files.len()));
+            let w = rocksdb::SstFileWriter::create(self.options);
+            w.open(&path)
+                .map_err(|e| rocks_error("create SST file", &path, e))?;
+            self.files.push(path);
+            self.writer = Some(w);
+        }
+        if let Some(w) = &mut self.writer {
+            w.put(key, value)
+                .map_err(|e| rocks_error("write SST file", &self.dir, e))?;
+        }
+        self.last_offset = Some(offset);
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<()> {
+        self.close_file()?;
+        let Some(offset) = self.last_offset else {
+            return remove_bulk_dir(&self.dir);
+        };
+        let cf = |name: &str| {
+            self.db.cf_handle(name).ok_or_else(|| {
+                Error::internal(format!(
+                    "column family missing cf=`{name}` path=`{}`",
+                    self.path.display()
+                ))
+            })
+        };
+        let mut ingest = rocksdb::IngestExternalFileOptions::default();
+        ingest.set_move_files(true);
+        self.db
+            .ingest_external_file_cf_opts(
+                cf(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)?,
+                &ingest,
+                self.files.clone(),
+            )
+            .map_err(|e| rocks_error("ingest SST files", self.path, e))?;
+        let mut wb = WriteBatch::default();
+        wb.put_cf(cf(META_CF)?, APPLIED_OFFSET_KEY, offset.to_le_bytes());
+        self.db
+            .write_opt(wb, self.write_opts)
+            .map_err(|e| rocks_error("write", self.path, e))?;
+        *self.applied_offset = Some(offset);
+        remove_bulk_dir(&self.dir)
+    }
+}
+
+fn remove_bulk_dir(dir: &Path) -> Result<()> {
+    std::fs::remove_dir_all(dir)
+        .map_err(|e| Error::io(format!("cannot remove path=`{}`", dir.display()), e))
 }
 
 /// Reads `key` from `db`'s metadata column family.
@@ -410,6 +507,36 @@ impl StateStore for RocksStore {
 
     fn binding(&self) -> Result<Option<ChangelogBinding>> {
         Ok(self.binding.clone())
+    }
+
+    /// Writes sorted SST files beside the database and ingests them (moved,
+    /// not copied) at `finish`: no memtable, no WAL, no compaction of the
+    /// loaded data; memory stays one SST block.
+    fn bulk_loader(&mut self) -> Result<Box<dyn BulkLoader + '_>> {
+        let dir = self.path.join(BULK_DIR);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("cannot create path=`{}`", dir.display()), e))?;
+        // Disjoint borrows: the SST writers borrow the options while the
+        // loader keeps the database and the offset it sets at the end.
+        let RocksStore {
+            db,
+            path,
+            applied_offset,
+            write_opts,
+            sst_options,
+            ..
+        } = self;
+        Ok(Box::new(SstLoader {
+            db,
+            path,
+            applied_offset,
+            write_opts,
+            options: sst_options,
+            dir,
+            writer: None,
+            files: Vec::new(),
+            last_offset: None,
+        }))
     }
 
     fn bind(&mut self, binding: &ChangelogBinding) -> Result<()> {

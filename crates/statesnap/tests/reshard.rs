@@ -1,0 +1,634 @@
+//! Resharding N store partitions into M: exact placement, exact contents,
+//! ready-to-run targets, refusals that change nothing, and resumable runs.
+#![cfg(feature = "rocksdb")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use statesnap::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
+use statesnap::changelog::{Changelog, Record};
+use statesnap::format::StoreFormat;
+use statesnap::repo::{Repository, StoreKey};
+use statesnap::reshard::{
+    FnPartitioner, Murmur2, Partitioner, ReshardOptions, ReshardReport, SourcePartition,
+    TargetPartition, reshard,
+};
+use statesnap::restore::{RestoreOptions, Source, restore_store};
+use statesnap::store::LoggedStore;
+use statesnap::{ErrorKind, LogicalDigest, PortableFormat, Reason, RocksFormat};
+
+use common::Kv;
+
+/// Which format a side of the reshard uses.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Memory,
+    Rocks,
+}
+
+fn log_options() -> FileChangelogOptions {
+    FileChangelogOptions {
+        fsync: FsyncPolicy::Never,
+        segment_bytes: 64 << 10,
+        ..FileChangelogOptions::default()
+    }
+}
+
+fn open_log(dir: &Path, key: &StoreKey) -> FileChangelog {
+    FileChangelog::open(dir, key.changelog_id(), log_options()).unwrap()
+}
+
+/// Source partitions `shop/carts/0..n`, each with a changelog, a snapshot
+/// and a tail after it, written as a keyed producer would place them.
+struct Sources {
+    root: tempfile::TempDir,
+    repo: Repository,
+    keys: Vec<StoreKey>,
+    logs: Vec<FileChangelog>,
+    /// The state of each source at its log's end.
+    models: Vec<Kv>,
+}
+
+impl Sources {
+    /// `n` partitions in `kind`, `writes` writes spread over `key_space`
+    /// keys (a tenth of them deletes), a snapshot after three quarters.
+    async fn new(kind: Kind, n: u32, writes: u32, key_space: u32, seed: u64) -> Sources {
+        let root = tempfile::tempdir().unwrap();
+        let repo = Repository::init(
+            &format!("file://{}", root.path().join("repo").display()),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let keys: Vec<StoreKey> = (0..n)
+            .map(|p| StoreKey::new("shop", "carts", p).unwrap())
+            .collect();
+        let mut s = Sources {
+            logs: keys
+                .iter()
+                .map(|k| open_log(&root.path().join(format!("log-{k}")), k))
+                .collect(),
+            root,
+            repo,
+            keys,
+            models: vec![Kv::new(); n as usize],
+        };
+        let workload = Workload {
+            writes,
+            key_space,
+            seed,
+        };
+        match kind {
+            Kind::Memory => s.fill(&PortableFormat::memory(), workload).await,
+            Kind::Rocks => s.fill(&RocksFormat::default(), workload).await,
+        }
+        s
+    }
+
+    async fn fill<F: StoreFormat>(&mut self, format: &F, load: Workload) {
+        let Workload {
+            writes,
+            key_space,
+            seed,
+        } = load;
+        let Sources {
+            root,
+            repo,
+            keys,
+            logs,
+            models,
+        } = self;
+        let mut rng = common::xorshift(seed | 1);
+        let n = keys.len() as u32;
+        let mut stores = Vec::new();
+        for (k, log) in keys.iter().zip(logs.iter()) {
+            let store = format
+                .create_empty(&root.path().join(format!("writer-{k}")))
+                .unwrap();
+            stores.push(LoggedStore::new(store, log).unwrap());
+        }
+        for w in 0..writes {
+            let key = Bytes::from(format!("user-{:06}", rng() % u64::from(key_space)));
+            let p = Murmur2.partition(&key, n) as usize;
+            if rng().is_multiple_of(10) {
+                stores[p].delete(key.clone());
+                models[p].remove(&key);
+            } else {
+                let value = Bytes::from(format!("v{w}-{}", rng() % 1000));
+                stores[p].put(key.clone(), value.clone());
+                models[p].insert(key, value);
+            }
+            if w % 500 == 499 {
+                stores.iter_mut().for_each(|s| {
+                    s.commit().unwrap();
+                });
+            }
+            if w == writes * 3 / 4 {
+                for (s, k) in stores.iter_mut().zip(keys.iter()) {
+                    s.commit().unwrap();
+                    let cut = format.capture(s.store()).unwrap();
+                    statesnap::commit_snapshot(format, cut, repo, k, s.changelog(), None)
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+        for s in &mut stores {
+            s.commit().unwrap();
+        }
+    }
+
+    fn partitions(&self) -> Vec<SourcePartition<'_>> {
+        self.keys
+            .iter()
+            .zip(&self.logs)
+            .map(|(k, l)| SourcePartition {
+                store_key: k,
+                changelog: l,
+                until: None,
+            })
+            .collect()
+    }
+
+    fn union(&self) -> Kv {
+        self.models
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+}
+
+/// What the sources' writers do.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    writes: u32,
+    key_space: u32,
+    seed: u64,
+}
+
+/// Target partitions `shop2/carts/0..m` with new, empty changelogs.
+struct Targets {
+    keys: Vec<StoreKey>,
+    logs: Vec<FileChangelog>,
+    dir: PathBuf,
+}
+
+impl Targets {
+    fn new(root: &Path, app: &str, m: u32) -> Targets {
+        let dir = root.join(format!("targets-{app}"));
+        let keys: Vec<StoreKey> = (0..m)
+            .map(|p| StoreKey::new(app, "carts", p).unwrap())
+            .collect();
+        let logs = keys
+            .iter()
+            .map(|k| open_log(&dir.join(format!("log-{k}")), k))
+            .collect();
+        Targets { keys, logs, dir }
+    }
+
+    fn partitions(&self) -> Vec<TargetPartition<'_>> {
+        self.keys
+            .iter()
+            .zip(&self.logs)
+            .map(|(k, l)| TargetPartition {
+                store_key: k,
+                changelog: l,
+            })
+            .collect()
+    }
+
+    fn end_offsets(&self) -> Vec<u64> {
+        self.logs.iter().map(|l| l.end_offset().unwrap()).collect()
+    }
+}
+
+async fn run(
+    s: &Sources,
+    source: Kind,
+    t: &Targets,
+    target: Kind,
+    options: &ReshardOptions,
+) -> statesnap::Result<ReshardReport> {
+    let scratch = s.root.path().join(format!("scratch-{}", ulid::Ulid::new()));
+    let (sources, targets) = (s.partitions(), t.partitions());
+    let r = match (source, target) {
+        (Kind::Memory, Kind::Memory) => {
+            let (f, g) = (PortableFormat::memory(), PortableFormat::memory());
+            reshard(&s.repo, &f, &sources, &g, &targets, &scratch, options).await
+        }
+        (Kind::Memory, Kind::Rocks) => {
+            let (f, g) = (PortableFormat::memory(), RocksFormat::default());
+            reshard(&s.repo, &f, &sources, &g, &targets, &scratch, options).await
+        }
+        (Kind::Rocks, Kind::Memory) => {
+            let (f, g) = (RocksFormat::default(), PortableFormat::memory());
+            reshard(&s.repo, &f, &sources, &g, &targets, &scratch, options).await
+        }
+        (Kind::Rocks, Kind::Rocks) => {
+            let (f, g) = (RocksFormat::default(), RocksFormat::default());
+            reshard(&s.repo, &f, &sources, &g, &targets, &scratch, options).await
+        }
+    };
+    assert!(!scratch.exists(), "the scratch directory is removed");
+    r
+}
+
+/// What target `j` holds when opened the way the new application opens
+/// it, and how many records that open replayed.
+async fn open_target(s: &Sources, t: &Targets, kind: Kind, j: usize) -> (Kv, u64, Source) {
+    let dir = t.dir.join(format!("open-{j}-{}", ulid::Ulid::new()));
+    let o = RestoreOptions::default();
+    let (k, l) = (&t.keys[j], &t.logs[j]);
+    let (kv, report) = match kind {
+        Kind::Memory => {
+            let (store, r) = restore_store(&PortableFormat::memory(), &s.repo, k, l, &dir, &o)
+                .await
+                .unwrap();
+            (common::contents(&store), r)
+        }
+        Kind::Rocks => {
+            let (store, r) = restore_store(&RocksFormat::default(), &s.repo, k, l, &dir, &o)
+                .await
+                .unwrap();
+            (common::contents(&store), r)
+        }
+    };
+    (kv, report.replay.records, report.source)
+}
+
+/// Everything the reshard promises, checked against the model.
+async fn check_exact(
+    s: &Sources,
+    t: &Targets,
+    target: Kind,
+    r: &ReshardReport,
+    p: &dyn Partitioner,
+) {
+    let want = s.union();
+    let m = t.keys.len() as u32;
+    assert_eq!(r.keys, want.len() as u64);
+    let digest = LogicalDigest::of_pairs(want.iter().map(|(k, v)| (&k[..], &v[..])));
+    assert_eq!(r.digest, digest, "the sources' union");
+    let mut placed = LogicalDigest::new();
+    let mut seen = Kv::new();
+    for (j, tr) in r.targets.iter().enumerate() {
+        placed.merge(&tr.digest);
+        let (kv, replayed, source) = open_target(s, t, target, j).await;
+        let expected: Kv = want
+            .iter()
+            .filter(|(k, _)| p.partition(k, m) as usize == j)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(
+            kv, expected,
+            "target {j} holds exactly the keys placed in it"
+        );
+        assert_eq!(tr.keys, kv.len() as u64);
+        // Ready to run: the snapshot stands at the log's end.
+        assert_eq!(replayed, 0, "target {j}'s first open replays nothing");
+        if kv.is_empty() {
+            assert!(tr.snapshot.is_none());
+            assert!(matches!(source, Source::FullReplay));
+        } else {
+            assert!(matches!(source, Source::Snapshot { id, .. } if Some(id) == tr.snapshot));
+        }
+        // The seeded log alone rebuilds the same state.
+        let (from_log, last) = common::replayed(&t.logs[j]);
+        assert_eq!(
+            from_log, kv,
+            "target {j}'s changelog replays to its snapshot"
+        );
+        assert_eq!(last, tr.last_offset);
+        seen.extend(kv);
+    }
+    assert_eq!(placed, digest, "the targets' union");
+    assert_eq!(seen, want);
+}
+
+fn kind() -> impl Strategy<Value = Kind> {
+    prop_oneof![Just(Kind::Memory), Just(Kind::Rocks)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    /// Split and merge, any format to any format: every key lands where
+    /// Kafka's partitioner sends it, with its value, and nothing else does.
+    #[test]
+    fn a_reshard_is_exact_for_any_counts_and_formats(
+        n in 1u32..=5,
+        m in 1u32..=9,
+        source in kind(),
+        target in kind(),
+        writes in 0u32..3_000,
+        seed in any::<u64>(),
+    ) {
+        common::rt().block_on(async {
+            let s = Sources::new(source, n, writes, 800, seed).await;
+            let t = Targets::new(s.root.path(), "shop2", m);
+            let options = ReshardOptions { verify_replay: true, ..Default::default() };
+            let r = run(&s, source, &t, target, &options).await.unwrap();
+            assert!(r.targets.iter().all(|t| t.replay_verified || t.keys == 0));
+            check_exact(&s, &t, target, &r, &Murmur2).await;
+            for (i, sr) in r.sources.iter().enumerate() {
+                assert_eq!(sr.keys, s.models[i].len() as u64);
+            }
+        });
+    }
+}
+
+#[test]
+fn a_users_partitioner_places_every_key() {
+    common::rt().block_on(async {
+        let s = Sources::new(Kind::Memory, 3, 2_000, 500, 7).await;
+        let t = Targets::new(s.root.path(), "byte", 4);
+        let p = FnPartitioner::new("last-byte", |k: &[u8], n| {
+            u32::from(*k.last().unwrap_or(&0)) % n
+        });
+        let options = ReshardOptions {
+            partitioner: Arc::new(p),
+            ..Default::default()
+        };
+        let r = run(&s, Kind::Memory, &t, Kind::Rocks, &options)
+            .await
+            .unwrap();
+        assert_eq!(r.partitioner, "last-byte");
+        let p = FnPartitioner::new("last-byte", |k: &[u8], n| {
+            u32::from(*k.last().unwrap_or(&0)) % n
+        });
+        check_exact(&s, &t, Kind::Rocks, &r, &p).await;
+    });
+}
+
+#[test]
+fn a_reshard_as_of_given_offsets_moves_that_state() {
+    common::rt().block_on(async {
+        let s = Sources::new(Kind::Rocks, 2, 2_000, 400, 11).await;
+        let ends: Vec<u64> = s.logs.iter().map(|l| l.end_offset().unwrap()).collect();
+        // Move on: the reshard must move the state at `ends`, not the new one.
+        let late = Record::put("user-late", "x");
+        s.logs[0].append(std::slice::from_ref(&late)).unwrap();
+        let mut sources = s.partitions();
+        for (src, end) in sources.iter_mut().zip(&ends) {
+            src.until = Some(end - 1);
+        }
+        let t = Targets::new(s.root.path(), "asof", 3);
+        let scratch = s.root.path().join("scratch-asof");
+        let f = RocksFormat::default();
+        let r = reshard(
+            &s.repo,
+            &f,
+            &sources,
+            &f,
+            &t.partitions(),
+            &scratch,
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        for (sr, end) in r.sources.iter().zip(&ends) {
+            assert_eq!(sr.offset, Some(end - 1));
+        }
+        drop(sources);
+        check_exact(&s, &t, Kind::Rocks, &r, &Murmur2).await;
+    });
+}
+
+/// Asserts `e` is a refusal of `kind` that left every target untouched.
+fn refused(e: statesnap::Error, kind: ErrorKind, t: &Targets, ends: &[u64]) {
+    assert_eq!(e.kind(), kind, "{e}");
+    assert_eq!(t.end_offsets(), ends, "a refusal writes nothing: {e}");
+}
+
+#[test]
+fn bad_sources_and_targets_are_refused_before_anything_is_written() {
+    common::rt().block_on(async {
+        let s = Sources::new(Kind::Memory, 3, 1_000, 300, 3).await;
+        let t = Targets::new(s.root.path(), "bad", 2);
+        let f = PortableFormat::memory();
+        let zero = vec![0u64; 2];
+        let scratch = s.root.path().join("scratch-bad");
+        let o = ReshardOptions::default();
+
+        // A missing source partition (1 of 0..3).
+        let mut sources = s.partitions();
+        sources.remove(1);
+        let e = reshard(&s.repo, &f, &sources, &f, &t.partitions(), &scratch, &o).await;
+        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        // A partition given twice.
+        let mut sources = s.partitions();
+        sources[2] = sources[0];
+        let e = reshard(&s.repo, &f, &sources, &f, &t.partitions(), &scratch, &o).await;
+        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        // The target is the source store.
+        let same = Targets::new(s.root.path(), "shop", 2);
+        let e = reshard(
+            &s.repo,
+            &f,
+            &s.partitions(),
+            &f,
+            &same.partitions(),
+            &scratch,
+            &o,
+        )
+        .await;
+        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        // No target partitions at all.
+        let e = reshard(&s.repo, &f, &s.partitions(), &f, &[], &scratch, &o).await;
+        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        // A partitioner that answers out of range.
+        let wild = ReshardOptions {
+            partitioner: Arc::new(FnPartitioner::new("wild", |_: &[u8], n| n)),
+            ..Default::default()
+        };
+        let e = reshard(
+            &s.repo,
+            &f,
+            &s.partitions(),
+            &f,
+            &t.partitions(),
+            &scratch,
+            &wild,
+        )
+        .await;
+        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        assert!(!scratch.exists());
+        // A scratch directory that exists is not used.
+        std::fs::create_dir_all(&scratch).unwrap();
+        let e = reshard(
+            &s.repo,
+            &f,
+            &s.partitions(),
+            &f,
+            &t.partitions(),
+            &scratch,
+            &o,
+        )
+        .await;
+        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        assert!(scratch.exists(), "the caller's directory is left alone");
+    });
+}
+
+#[test]
+fn a_key_held_by_two_sources_is_refused() {
+    common::rt().block_on(async {
+        let s = Sources::new(Kind::Memory, 2, 500, 300, 5).await;
+        // A producer that did not partition by key wrote the same key to both.
+        for l in &s.logs {
+            l.append(&[Record::put("user-dup", "x")]).unwrap();
+        }
+        let t = Targets::new(s.root.path(), "dup", 3);
+        let e = run(&s, Kind::Memory, &t, Kind::Memory, &Default::default()).await;
+        refused(e.unwrap_err(), ErrorKind::Config, &t, &[0, 0, 0]);
+    });
+}
+
+#[test]
+fn a_source_whose_snapshots_are_all_unusable_is_refused_as_stale() {
+    common::rt().block_on(async {
+        let mut s = Sources::new(Kind::Rocks, 2, 1_000, 300, 9).await;
+        // Partition 1's log is recreated: its snapshot is of another lineage.
+        let dir = s.root.path().join(format!("log-{}", s.keys[1]));
+        std::fs::remove_dir_all(&dir).unwrap();
+        s.logs[1] = open_log(&dir, &s.keys[1]);
+        s.logs[1].append(&[Record::put("user-new", "x")]).unwrap();
+        let t = Targets::new(s.root.path(), "stale", 2);
+        let e = run(&s, Kind::Rocks, &t, Kind::Rocks, &Default::default()).await;
+        refused(e.unwrap_err(), ErrorKind::Stale, &t, &[0, 0]);
+    });
+}
+
+/// A partitioner that fails (answers out of range) after `ok` placements:
+/// an interruption in the middle of writing the targets.
+fn failing_after(ok: u64) -> ReshardOptions {
+    let count = AtomicU64::new(0);
+    ReshardOptions {
+        partitioner: Arc::new(FnPartitioner::new("murmur2", move |k: &[u8], n| {
+            if count.fetch_add(1, Ordering::Relaxed) >= ok {
+                n
+            } else {
+                Murmur2.partition(k, n)
+            }
+        })),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn an_interrupted_reshard_is_refused_then_resumed_to_the_same_state() {
+    common::rt().block_on(async {
+        // Enough keys that the first appends happen before the interruption.
+        let s = Sources::new(Kind::Memory, 2, 80_000, 60_000, 13).await;
+        let t = Targets::new(s.root.path(), "resume", 2);
+        let e = run(&s, Kind::Memory, &t, Kind::Rocks, &failing_after(30_000)).await;
+        assert_eq!(e.unwrap_err().kind(), ErrorKind::Config);
+        let partial = t.end_offsets();
+        assert!(
+            partial.iter().any(|&e| e > 0),
+            "the run wrote part of the targets: {partial:?}"
+        );
+        for k in &t.keys {
+            assert!(
+                s.repo.catalog().latest(k).await.unwrap().is_none(),
+                "no snapshot claims a part"
+            );
+        }
+
+        // A plain rerun refuses: the targets are not empty.
+        let e = run(&s, Kind::Memory, &t, Kind::Rocks, &Default::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(e.reason(), Some(Reason::AlreadyExists));
+        assert_eq!(t.end_offsets(), partial);
+
+        // Resuming with another partitioner would mix two layouts: refused.
+        let other = ReshardOptions {
+            partitioner: Arc::new(FnPartitioner::new("other", |k: &[u8], n| {
+                (Murmur2.partition(k, n) + 1) % n
+            })),
+            resume: true,
+            ..Default::default()
+        };
+        let e = run(&s, Kind::Memory, &t, Kind::Rocks, &other)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(
+            t.end_offsets(),
+            partial,
+            "nothing appended after a mismatch"
+        );
+
+        // Resuming the same reshard finishes it.
+        let resume = ReshardOptions {
+            resume: true,
+            verify_replay: true,
+            ..Default::default()
+        };
+        let r = run(&s, Kind::Memory, &t, Kind::Rocks, &resume)
+            .await
+            .unwrap();
+        let resumed: u64 = r.targets.iter().map(|t| t.resumed).sum();
+        assert_eq!(resumed, partial.iter().sum::<u64>());
+        check_exact(&s, &t, Kind::Rocks, &r, &Murmur2).await;
+
+        // And running it again changes nothing: the snapshots are its own.
+        let again = run(&s, Kind::Memory, &t, Kind::Rocks, &resume)
+            .await
+            .unwrap();
+        assert!(
+            again
+                .targets
+                .iter()
+                .all(|t| t.appended == 0 && (t.snapshot_reused || t.keys == 0))
+        );
+        assert_eq!(
+            again.targets.iter().map(|t| t.snapshot).collect::<Vec<_>>(),
+            r.targets.iter().map(|t| t.snapshot).collect::<Vec<_>>()
+        );
+        check_exact(&s, &t, Kind::Rocks, &again, &Murmur2).await;
+
+        // Interrupted between two targets' commits: target 1's snapshot is
+        // missing. A rerun keeps target 0's and commits target 1's.
+        let lost = r.targets[1].snapshot.unwrap();
+        s.repo
+            .catalog()
+            .delete_snapshot(&t.keys[1], lost)
+            .await
+            .unwrap();
+        let last = run(&s, Kind::Memory, &t, Kind::Rocks, &resume)
+            .await
+            .unwrap();
+        assert!(last.targets[0].snapshot_reused);
+        assert!(!last.targets[1].snapshot_reused);
+        assert_ne!(last.targets[1].snapshot, Some(lost));
+        check_exact(&s, &t, Kind::Rocks, &last, &Murmur2).await;
+    });
+}
+
+#[test]
+fn an_empty_source_set_moves_nothing_and_commits_nothing() {
+    common::rt().block_on(async {
+        let s = Sources::new(Kind::Memory, 2, 0, 10, 1).await;
+        let t = Targets::new(s.root.path(), "empty", 3);
+        let r = run(&s, Kind::Memory, &t, Kind::Memory, &Default::default())
+            .await
+            .unwrap();
+        assert_eq!(r.keys, 0);
+        assert!(
+            r.targets
+                .iter()
+                .all(|t| t.snapshot.is_none() && t.last_offset.is_none())
+        );
+        assert_eq!(t.end_offsets(), vec![0, 0, 0]);
+    });
+}
