@@ -10,8 +10,8 @@ use std::time::Duration;
 use plotters::prelude::*;
 use serde_json::json;
 use statesnap::bench::{
-    self, BackupComparison, ConcurrentRestores, DeltaCase, ReplayCase, ScalePoint, StoreType,
-    Throughput,
+    self, BackupComparison, ConcurrentRestores, DeltaCase, ReplayCase, ReshardCase, ScalePoint,
+    StoreType, Throughput,
 };
 use statesnap::{Error, ErrorKind, Result};
 
@@ -30,6 +30,7 @@ struct Sizes {
     scale_keys: &'static [u64],
     partitions: u32,
     partition_keys: u64,
+    reshard_keys: u64,
 }
 
 const FULL: Sizes = Sizes {
@@ -42,6 +43,7 @@ const FULL: Sizes = Sizes {
     scale_keys: &[1_000_000, 4_000_000],
     partitions: 16,
     partition_keys: 250_000,
+    reshard_keys: 4_000_000,
 };
 
 /// `--scale` adds this size to the series (about 1.8 GB; 4x that free).
@@ -57,6 +59,7 @@ const QUICK: Sizes = Sizes {
     scale_keys: &[20_000, 80_000],
     partitions: 4,
     partition_keys: 5_000,
+    reshard_keys: 40_000,
 };
 
 /// The machine the figures come from.
@@ -113,23 +116,54 @@ fn times(ours: f64, theirs: f64) -> String {
 }
 
 /// The table's rows, one section of measurements after another.
-fn rows(
-    replay: &[ReplayCase],
-    backup: &BackupComparison,
-    delta: &DeltaCase,
-    throughput: &[Throughput],
-    scale: &[ScalePoint],
-    partitions: &ConcurrentRestores,
-) -> Vec<Row> {
+fn rows(m: &Measured) -> Vec<Row> {
     let mut rows: Vec<Row> = Vec::new();
-    replay_rows(replay, &mut rows);
-    backup_snapshot_rows(backup, &mut rows);
-    backup_restore_rows(backup, &mut rows);
-    delta_row(delta, &mut rows);
-    throughput_rows(throughput, &mut rows);
-    scale_rows(scale, &mut rows);
-    partitions_row(partitions, &mut rows);
+    replay_rows(&m.replay, &mut rows);
+    backup_snapshot_rows(&m.backup, &mut rows);
+    backup_restore_rows(&m.backup, &mut rows);
+    delta_row(&m.delta, &mut rows);
+    throughput_rows(&m.throughput, &mut rows);
+    scale_rows(&m.scale, &mut rows);
+    partitions_row(&m.partitions, &mut rows);
+    reshard_rows(&m.reshard, &mut rows);
     rows
+}
+
+/// Reshards against replaying the sources into the new layout, and
+/// against one sequential write of the same bytes.
+fn reshard_rows(reshard: &[ReshardCase], rows: &mut Vec<Row>) {
+    for r in reshard {
+        let rss = r
+            .peak_rss_delta
+            .map_or(String::new(), |b| format!(", peak RSS +{}", out::bytes(b)));
+        rows.push([
+            format!(
+                "reshard {} -> {} partitions, {} keys ({}) vs replaying the sources into the new layout",
+                r.from,
+                r.to,
+                r.keys,
+                out::bytes(r.bytes)
+            ),
+            format!(
+                "{} (restore {}, write {}, commit {}{rss})",
+                secs(r.reshard_secs),
+                secs(r.restore_secs),
+                secs(r.write_secs),
+                secs(r.commit_secs)
+            ),
+            format!("{} (per-key writes)", secs(r.replay_secs)),
+            times(r.reshard_secs, r.replay_secs),
+        ]);
+        rows.push([
+            format!(
+                "reshard {} -> {} vs one sequential write of the same bytes",
+                r.from, r.to
+            ),
+            secs(r.reshard_secs),
+            format!("{} (1 MiB writes + fsync)", secs(r.raw_write_secs)),
+            times(r.reshard_secs, r.raw_write_secs),
+        ]);
+    }
 }
 
 /// Restore against a full replay, per history length.
@@ -467,6 +501,7 @@ struct Measured {
     throughput: Vec<Throughput>,
     scale: Vec<ScalePoint>,
     partitions: ConcurrentRestores,
+    reshard: Vec<ReshardCase>,
 }
 
 pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
@@ -505,7 +540,19 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
 
     let (replay, backup, delta) = measure_snapshots(sizes, dir, out).await?;
     let (throughput, scale, partitions) = measure_runtime(a, sizes, dir, out).await?;
+    let mut reshard = Vec::new();
+    for (from, to) in [(4, 8), (8, 4)] {
+        let sp = out.spinner(&format!(
+            "reshard {from} -> {to} partitions vs replay: {} keys",
+            sizes.reshard_keys
+        ));
+        reshard.push(
+            bench::reshard_vs_replay(&dir.join("reshard"), sizes.reshard_keys, from, to).await?,
+        );
+        sp.finish_and_clear();
+    }
     let m = Measured {
+        reshard,
         replay,
         backup,
         delta,
@@ -593,14 +640,7 @@ async fn measure_runtime(
 /// the table (or the JSON).
 fn report(a: &BenchArgs, out_dir: &Path, m: &Measured, out: Out) -> Result<()> {
     let machine = machine();
-    let rows = rows(
-        &m.replay,
-        &m.backup,
-        &m.delta,
-        &m.throughput,
-        &m.scale,
-        &m.partitions,
-    );
+    let rows = rows(m);
     let chart_name = "restore-vs-history.svg";
     chart(&out_dir.join(chart_name), &m.replay)?;
     let result = json!({
@@ -612,6 +652,7 @@ fn report(a: &BenchArgs, out_dir: &Path, m: &Measured, out: Out) -> Result<()> {
         "throughput": m.throughput,
         "scale": m.scale,
         "partitions": m.partitions,
+        "reshard": m.reshard,
     });
     let pretty = serde_json::to_string_pretty(&result)
         .map_err(|e| Error::new(ErrorKind::Internal, "cannot encode the results").with_source(e))?;

@@ -15,12 +15,14 @@
 mod backup;
 mod delta;
 mod replay;
+mod reshard;
 mod scale;
 mod throughput;
 
 pub use backup::{BackupComparison, INCREMENTAL_ROUNDS, RestoreBreakdown, rocks_vs_backup_engine};
 pub use delta::{DeltaCase, memory_delta};
 pub use replay::{ReplayCase, restore_vs_replay};
+pub use reshard::{ReshardCase, reshard_vs_replay};
 pub use scale::{
     ConcurrentRestores, ScalePoint, TransportComparison, concurrent_restores, restore_vs_raw_get,
     scale_point,

@@ -14,10 +14,11 @@
 //! invariant); a key lives in one source (the merge refuses a key held by
 //! two); each target holds exactly the keys placed in it, with the values
 //! the sources hold; its changelog holds one put per key, so replaying that
-//! log gives the same state as its snapshot. The report carries the
-//! digests that prove it: the union of the targets' logical digests equals
-//! the union of the sources'. `docs/reshard.md` has the whole argument and
-//! what the operator does with the input topic.
+//! log gives the same state as its snapshot. Each target's logical digest
+//! is computed as it is placed and checked again against the digest its
+//! snapshot's format computes from the committed cut; the report carries
+//! their union, the digest of the whole moved state. `docs/reshard.md` has
+//! the whole argument and what the operator does with the input topic.
 //!
 //! A rerun after a crash is safe. Without [`ReshardOptions::resume`] a
 //! target that already holds records or snapshots is refused
@@ -179,8 +180,6 @@ pub struct SourceReport {
     pub replayed: u64,
     /// Its live keys.
     pub keys: u64,
-    /// Its logical digest.
-    pub digest: LogicalDigest,
 }
 
 /// What one target received.
@@ -225,7 +224,8 @@ pub struct ReshardReport {
     pub keys: u64,
     /// Key and value bytes moved.
     pub bytes: u64,
-    /// The union of the sources' digests, equal to the targets' union.
+    /// The digest of every key moved: the union of the targets' digests
+    /// (equal to the union of the sources' states).
     pub digest: LogicalDigest,
     /// Restoring the sources.
     pub restore_time: Duration,
@@ -421,14 +421,14 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
         drop(restored);
         let write_time = started.elapsed();
 
+        // Every key read from a source went to exactly one target.
+        let read: u64 = source_reports.iter().map(|s| s.keys).sum();
         let mut digest = LogicalDigest::new();
-        source_reports.iter().for_each(|s| digest.merge(&s.digest));
-        let mut placed = LogicalDigest::new();
-        target_reports.iter().for_each(|t| placed.merge(&t.digest));
-        if placed != digest {
+        target_reports.iter().for_each(|t| digest.merge(&t.digest));
+        if digest.keys() != read {
             return Err(Error::internal(format!(
-                "the targets' digests do not add up to the sources' sources={digest} \
-                 targets={placed}; nothing was committed"
+                "the targets hold {} keys, the sources {read}; nothing was committed",
+                digest.keys()
             )));
         }
 
@@ -501,7 +501,8 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
         Ok((store, report))
     }
 
-    /// Merges the sources and writes every target's changelog and store.
+    /// Merges the sources and writes every target's changelog (on this
+    /// thread) and store (on a loader thread, fed in key order).
     #[allow(clippy::type_complexity)]
     fn write_targets(
         &self,
@@ -515,13 +516,41 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
             ensure_follows(&mut store, &ChangelogBinding::of(t.changelog)?)?;
             stores.push(store);
         }
+        let (tx, rx) = std::sync::mpsc::sync_channel(target::LOAD_QUEUE);
+        let (placed, loaded) = std::thread::scope(|scope| {
+            let loaders = match stores
+                .iter_mut()
+                .map(|s| s.bulk_loader())
+                .collect::<Result<Vec<_>>>()
+            {
+                Ok(l) => l,
+                Err(e) => return (Err(e), Ok(())),
+            };
+            let loader = scope.spawn(move || target::load(loaders, rx));
+            let placed = self.place(restored, tx);
+            let loaded = loader
+                .join()
+                .unwrap_or_else(|_| Err(Error::internal("the store loader panicked")));
+            (placed, loaded)
+        });
+        // The loader's error first: placing fails with "loader stopped"
+        // because of it.
+        loaded?;
+        let (sources, targets) = placed?;
+        Ok((sources, targets, stores))
+    }
+
+    /// The placing half: merges the sources in key order, appends each
+    /// key to its target's changelog and sends it to the loader thread.
+    fn place(
+        &self,
+        restored: &[(SF::Store, RestoreReport)],
+        tx: std::sync::mpsc::SyncSender<target::Load>,
+    ) -> Result<(Vec<SourceReport>, Vec<TargetReport>)> {
         let mut writers = Vec::with_capacity(self.targets.len());
-        for (t, store) in self.targets.iter().zip(stores.iter_mut()) {
-            writers.push(TargetWriter::new(
-                t,
-                store.bulk_loader()?,
-                self.options.resume,
-            )?);
+        for (j, t) in self.targets.iter().enumerate() {
+            let sink = target::LoadSink::new(j, tx.clone());
+            writers.push(TargetWriter::new(t, sink, self.options.resume)?);
         }
         let names: Vec<String> = self
             .sources
@@ -533,11 +562,11 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
             .map(|(store, _)| store.iter())
             .collect::<Result<Vec<_>>>()?;
         let mut merge = merge::Merge::new(iters, names)?;
-        let mut per_source = vec![LogicalDigest::new(); self.sources.len()];
+        let mut per_source = vec![0u64; self.sources.len()];
         let m = u32::try_from(self.targets.len()).unwrap_or(u32::MAX);
         let partitioner = &*self.options.partitioner;
         while let Some((i, (key, value))) = merge.next_entry()? {
-            per_source[i].add(&key, &value);
+            per_source[i] += 1;
             let j = partitioner.partition(&key, m);
             let Some(w) = writers.get_mut(j as usize) else {
                 return Err(Error::config(format!(
@@ -560,26 +589,27 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
         for w in writers {
             target_reports.push(w.finish()?);
         }
+        tx.send(target::Load::Finish)
+            .map_err(|_| Error::internal("the store loader stopped"))?;
         if let Some(p) = &self.options.progress {
             let mut g = p.per_target.lock().unwrap_or_else(|e| e.into_inner());
             *g = target_reports.iter().map(|t| t.keys).collect();
         }
         let mut source_reports = Vec::with_capacity(self.sources.len());
-        for ((s, (store, r)), digest) in self.sources.iter().zip(restored).zip(per_source) {
+        for ((s, (store, r)), keys) in self.sources.iter().zip(restored).zip(per_source) {
             source_reports.push(SourceReport {
                 store_key: s.store_key.clone(),
                 changelog: s.changelog.id().clone(),
                 snapshot: r.snapshot,
                 offset: store.applied_offset()?,
                 replayed: r.replay.records,
-                keys: digest.keys(),
-                digest,
+                keys,
             });
         }
-        Ok((source_reports, target_reports, stores))
+        Ok((source_reports, target_reports))
     }
 
-    fn publish(&self, writers: &[TargetWriter<'_, '_>], p: &ReshardProgress) {
+    fn publish(&self, writers: &[TargetWriter<'_>], p: &ReshardProgress) {
         let mut g = p.per_target.lock().unwrap_or_else(|e| e.into_inner());
         *g = writers.iter().map(|w| w.keys).collect();
     }

@@ -1,6 +1,9 @@
-//! Writing one target: its changelog records (or, resuming, the check of
-//! what an earlier run left there) and its store, through the store's bulk
-//! loader.
+//! Writing the targets: each target's changelog records (or, resuming,
+//! the check of what an earlier run left there) on the placing thread, and
+//! every target's store through its bulk loader on a thread of its own,
+//! fed batches in key order: the two halves of the work run side by side.
+
+use std::sync::mpsc::{Receiver, SyncSender};
 
 use bytes::Bytes;
 
@@ -10,11 +13,88 @@ use crate::digest::LogicalDigest;
 use crate::error::{Error, ErrorKind, Reason, Result};
 use crate::store::BulkLoader;
 
+/// Entries per batch sent to the loader thread.
+const LOAD_BATCH: usize = 4_096;
+
+/// Batches in flight to the loader thread (bounded: the placing thread
+/// waits rather than buffering the state in memory).
+pub(super) const LOAD_QUEUE: usize = 16;
+
+/// What the loader thread receives.
+pub(super) enum Load {
+    /// Entries for target `.0`, in key order, with their changelog offsets.
+    Batch(usize, Vec<(Bytes, Bytes, u64)>),
+    /// Everything was sent: finish every loader.
+    Finish,
+}
+
+/// The loader thread: feeds each batch to its target's loader and, once
+/// told everything was sent, finishes them all. A channel closed without
+/// [`Load::Finish`] (placing failed) leaves the stores unfinished: they are
+/// discarded.
+pub(super) fn load(mut loaders: Vec<Box<dyn BulkLoader + '_>>, rx: Receiver<Load>) -> Result<()> {
+    for msg in rx {
+        match msg {
+            Load::Batch(j, batch) => {
+                let loader = loaders
+                    .get_mut(j)
+                    .ok_or_else(|| Error::internal(format!("no loader for target {j}")))?;
+                for (k, v, offset) in &batch {
+                    loader.put(k, v, *offset)?;
+                }
+            }
+            Load::Finish => {
+                for l in loaders {
+                    l.finish()?;
+                }
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where a [`TargetWriter`] sends its entries: target `target`'s batches
+/// to the loader thread.
+pub(super) struct LoadSink {
+    target: usize,
+    tx: SyncSender<Load>,
+    batch: Vec<(Bytes, Bytes, u64)>,
+}
+
+impl LoadSink {
+    pub(super) fn new(target: usize, tx: SyncSender<Load>) -> Self {
+        LoadSink {
+            target,
+            tx,
+            batch: Vec::with_capacity(LOAD_BATCH),
+        }
+    }
+
+    fn put(&mut self, key: Bytes, value: Bytes, offset: u64) -> Result<()> {
+        self.batch.push((key, value, offset));
+        if self.batch.len() >= LOAD_BATCH {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(LOAD_BATCH));
+        self.tx
+            .send(Load::Batch(self.target, batch))
+            .map_err(|_| Error::internal("the store loader stopped"))
+    }
+}
+
 /// Writes one target: appends its records to its changelog (or, resuming,
 /// checks them against what is already there) and loads its store.
-pub(super) struct TargetWriter<'t, 's> {
+pub(super) struct TargetWriter<'t> {
     target: &'t TargetPartition<'t>,
-    loader: Box<dyn BulkLoader + 's>,
+    sink: LoadSink,
     /// Resuming: the records an earlier run appended, not yet compared.
     existing: Option<Box<dyn ChangelogReader + 't>>,
     existing_batch: std::collections::VecDeque<LoggedRecord>,
@@ -28,10 +108,10 @@ pub(super) struct TargetWriter<'t, 's> {
     last_offset: Option<u64>,
 }
 
-impl<'t, 's> TargetWriter<'t, 's> {
+impl<'t> TargetWriter<'t> {
     pub(super) fn new(
         target: &'t TargetPartition<'t>,
-        loader: Box<dyn BulkLoader + 's>,
+        sink: LoadSink,
         resume: bool,
     ) -> Result<Self> {
         let changelog = target.changelog;
@@ -42,7 +122,7 @@ impl<'t, 's> TargetWriter<'t, 's> {
         };
         Ok(TargetWriter {
             target,
-            loader,
+            sink,
             existing,
             existing_batch: Default::default(),
             pending: Vec::with_capacity(APPEND_BATCH),
@@ -86,7 +166,7 @@ impl<'t, 's> TargetWriter<'t, 's> {
             if found.key != key || found.value.as_ref() != Some(&value) {
                 return Err(self.not_ours(found.offset));
             }
-            self.loader.put(&key, &value, found.offset)?;
+            self.sink.put(key, value, found.offset)?;
             self.last_offset = Some(found.offset);
             self.resumed += 1;
             return Ok(());
@@ -112,14 +192,13 @@ impl<'t, 's> TargetWriter<'t, 's> {
                 self.target.changelog.id()
             )));
         }
-        for (r, offset) in self.pending.iter().zip(&offsets) {
-            if let Some(v) = &r.value {
-                self.loader.put(&r.key, v, *offset)?;
-            }
-        }
         self.appended += self.pending.len() as u64;
         self.last_offset = offsets.last().copied().or(self.last_offset);
-        self.pending.clear();
+        for (r, offset) in self.pending.drain(..).zip(offsets) {
+            if let Some(v) = r.value {
+                self.sink.put(r.key, v, offset)?;
+            }
+        }
         Ok(())
     }
 
@@ -144,7 +223,7 @@ impl<'t, 's> TargetWriter<'t, 's> {
             return Err(self.not_ours(extra.offset));
         }
         self.target.changelog.flush()?;
-        self.loader.finish()?;
+        self.sink.flush()?;
         Ok(TargetReport {
             store_key: self.target.store_key.clone(),
             changelog: self.target.changelog.id().clone(),

@@ -171,7 +171,11 @@ impl RocksStore {
             ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
             ColumnFamilyDescriptor::new(META_CF, opts.clone()),
         ];
-        let sst_options = Box::new(opts.clone());
+        // Bulk-loaded files are written once, fast: LZ4 throughout (an SST
+        // writer would otherwise use the bottommost ZSTD), recompressed by
+        // RocksDB when a compaction rewrites them.
+        let mut sst_options = Box::new(opts.clone());
+        sst_options.set_bottommost_compression_type(DBCompressionType::Lz4);
         let db = DB::open_cf_descriptors(&opts, &path, cfs)
             .map_err(|e| rocks_error("open", &path, e))?;
         let mut write_opts = WriteOptions::default();
