@@ -6,6 +6,9 @@
 //! RocksDB store on a file changelog, written through the runtime, with
 //! three snapshots.
 
+mod common;
+
+use common::{json_of, statesnap};
 use statesnap::StoreKey;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -96,18 +99,6 @@ fn fixture() -> Fixture {
         root,
         repo_url,
     }
-}
-
-fn statesnap() -> Command {
-    let mut c = Command::cargo_bin("statesnap").expect("binary");
-    c.env_remove("STATESNAP_REPO")
-        .timeout(Duration::from_secs(120));
-    c
-}
-
-fn json_of(out: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(out)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
 }
 
 /// Runs `args` with `--json` and returns the parsed stdout, asserting

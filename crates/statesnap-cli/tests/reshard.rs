@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
-use assert_cmd::Command;
+mod common;
+
+use common::{json_of, statesnap};
 use statesnap::reshard::{Murmur2, Partitioner};
 use statesnap::restore::{RestoreOptions, restore_store};
 use statesnap::{
@@ -62,31 +63,34 @@ async fn sources(root: &Path) -> (String, BTreeMap<String, String>) {
     (url, model)
 }
 
-fn statesnap() -> Command {
-    let mut c = Command::cargo_bin("statesnap").expect("binary");
-    c.env_remove("STATESNAP_REPO")
-        .timeout(Duration::from_secs(120));
-    c
-}
-
-fn json(out: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(out)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
-}
-
-/// Runs `statesnap reshard` with `args` and `--json`, expecting `code`.
-fn reshard(repo: &str, template: &str, args: &[&str], code: i32) -> serde_json::Value {
+/// Runs `statesnap` with `args` and `--json`, expecting exit code `code`;
+/// the JSON it printed (a report, or `{"error": ...}`).
+fn run(args: &[&str], code: i32) -> serde_json::Value {
     let out = statesnap()
-        .args(["reshard", "--repo", repo, "--json"])
-        .args(["--from", "shop/carts", "--to", "shop2/carts"])
-        .args(["--changelog-template", template])
         .args(args)
+        .arg("--json")
         .assert()
         .code(code)
         .get_output()
         .stdout
         .clone();
-    json(&out)
+    json_of(&out)
+}
+
+/// `statesnap reshard` of `shop/carts` into `shop2/carts` with `args`.
+fn reshard(repo: &str, template: &str, args: &[&str], code: i32) -> serde_json::Value {
+    let mut all = vec![
+        "reshard",
+        "--repo",
+        repo,
+        "--from",
+        "shop/carts",
+        "--to",
+        "shop2/carts",
+    ];
+    all.extend(["--changelog-template", template]);
+    all.extend(args);
+    run(&all, code)
 }
 
 #[test]
@@ -199,44 +203,17 @@ fn reshard_refuses_bad_input_with_its_exit_code() {
     let one = format!("file://{}/logs/one", root.display());
     let e = reshard(&repo, &one, &["--partitions", "2"], 3);
     assert_eq!(e["error"]["kind"], "config");
-    // A source store the repository does not hold.
-    let e = statesnap()
-        .args([
-            "reshard",
-            "--repo",
-            &repo,
-            "--json",
-            "--from",
-            "shop/nothing",
-            "--to",
-            "x/carts",
-        ])
-        .args(["--partitions", "2", "--changelog-template", &template])
-        .assert()
-        .code(4)
-        .get_output()
-        .stdout
-        .clone();
-    assert_eq!(json(&e)["error"]["kind"], "not-found");
-    // The target is the source.
-    let e = statesnap()
-        .args([
-            "reshard",
-            "--repo",
-            &repo,
-            "--json",
-            "--from",
-            "shop/carts",
-            "--to",
-            "shop/carts",
-        ])
-        .args(["--partitions", "2", "--changelog-template", &template])
-        .assert()
-        .code(3)
-        .get_output()
-        .stdout
-        .clone();
-    assert_eq!(json(&e)["error"]["kind"], "config");
+    // A source store the repository does not hold; a target that is the
+    // source.
+    for (from, to, code, kind) in [
+        ("shop/nothing", "x/carts", 4, "not-found"),
+        ("shop/carts", "shop/carts", 3, "config"),
+    ] {
+        let args = ["reshard", "--repo", &repo, "--from", from, "--to", to];
+        let mut args = args.to_vec();
+        args.extend(["--partitions", "2", "--changelog-template", &template]);
+        assert_eq!(run(&args, code)["error"]["kind"], kind);
+    }
     // A missing source partition: partition 1's snapshots are gone.
     let listing = std::fs::read_dir(root.join("repo/stores/shop.carts.1"))
         .expect("store dir")

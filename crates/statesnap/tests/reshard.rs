@@ -145,15 +145,7 @@ impl Sources {
     }
 
     fn partitions(&self) -> Vec<SourcePartition<'_>> {
-        self.keys
-            .iter()
-            .zip(&self.logs)
-            .map(|(k, l)| SourcePartition {
-                store_key: k,
-                changelog: l,
-                until: None,
-            })
-            .collect()
+        SourcePartition::zip(&self.keys, &self.logs)
     }
 
     fn union(&self) -> Kv {
@@ -194,14 +186,7 @@ impl Targets {
     }
 
     fn partitions(&self) -> Vec<TargetPartition<'_>> {
-        self.keys
-            .iter()
-            .zip(&self.logs)
-            .map(|(k, l)| TargetPartition {
-                store_key: k,
-                changelog: l,
-            })
-            .collect()
+        TargetPartition::zip(&self.keys, &self.logs)
     }
 
     fn end_offsets(&self) -> Vec<u64> {
@@ -412,67 +397,40 @@ fn bad_sources_and_targets_are_refused_before_anything_is_written() {
     common::rt().block_on(async {
         let s = Sources::new(Kind::Memory, 3, 1_000, 300, 3).await;
         let t = Targets::new(s.root.path(), "bad", 2);
-        let f = PortableFormat::memory();
         let zero = vec![0u64; 2];
         let scratch = s.root.path().join("scratch-bad");
         let o = ReshardOptions::default();
+        let attempt = async |sources: &[SourcePartition<'_>],
+                             targets: &[TargetPartition<'_>],
+                             o: &ReshardOptions| {
+            let f = PortableFormat::memory();
+            let e = reshard(&s.repo, &f, sources, &f, targets, &scratch, o).await;
+            refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        };
 
         // A missing source partition (1 of 0..3).
         let mut sources = s.partitions();
         sources.remove(1);
-        let e = reshard(&s.repo, &f, &sources, &f, &t.partitions(), &scratch, &o).await;
-        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        attempt(&sources, &t.partitions(), &o).await;
         // A partition given twice.
         let mut sources = s.partitions();
         sources[2] = sources[0];
-        let e = reshard(&s.repo, &f, &sources, &f, &t.partitions(), &scratch, &o).await;
-        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        attempt(&sources, &t.partitions(), &o).await;
         // The target is the source store.
         let same = Targets::new(s.root.path(), "shop", 2);
-        let e = reshard(
-            &s.repo,
-            &f,
-            &s.partitions(),
-            &f,
-            &same.partitions(),
-            &scratch,
-            &o,
-        )
-        .await;
-        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        attempt(&s.partitions(), &same.partitions(), &o).await;
         // No target partitions at all.
-        let e = reshard(&s.repo, &f, &s.partitions(), &f, &[], &scratch, &o).await;
-        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        attempt(&s.partitions(), &[], &o).await;
         // A partitioner that answers out of range.
         let wild = ReshardOptions {
             partitioner: Arc::new(FnPartitioner::new("wild", |_: &[u8], n| n)),
             ..Default::default()
         };
-        let e = reshard(
-            &s.repo,
-            &f,
-            &s.partitions(),
-            &f,
-            &t.partitions(),
-            &scratch,
-            &wild,
-        )
-        .await;
-        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        attempt(&s.partitions(), &t.partitions(), &wild).await;
         assert!(!scratch.exists());
         // A scratch directory that exists is not used.
         std::fs::create_dir_all(&scratch).unwrap();
-        let e = reshard(
-            &s.repo,
-            &f,
-            &s.partitions(),
-            &f,
-            &t.partitions(),
-            &scratch,
-            &o,
-        )
-        .await;
-        refused(e.unwrap_err(), ErrorKind::Config, &t, &zero);
+        attempt(&s.partitions(), &t.partitions(), &o).await;
         assert!(scratch.exists(), "the caller's directory is left alone");
     });
 }

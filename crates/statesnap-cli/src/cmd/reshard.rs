@@ -177,23 +177,8 @@ pub async fn run(a: &ReshardArgs, out: Out) -> Result<ExitCode> {
             (Some(g), p)
         }
     };
-    let src: Vec<SourcePartition<'_>> = sources
-        .iter()
-        .zip(&source_logs)
-        .map(|(k, l)| SourcePartition {
-            store_key: k,
-            changelog: &**l,
-            until: None,
-        })
-        .collect();
-    let dst: Vec<TargetPartition<'_>> = targets
-        .iter()
-        .zip(&target_logs)
-        .map(|(k, l)| TargetPartition {
-            store_key: k,
-            changelog: &**l,
-        })
-        .collect();
+    let src = SourcePartition::zip(&sources, &source_logs);
+    let dst = TargetPartition::zip(&targets, &target_logs);
     let work = async {
         with_format!(from_kind, f => with_format!(to_kind, g => {
             statesnap::reshard::reshard(&repo, &f, &src, &g, &dst, &scratch, &options).await

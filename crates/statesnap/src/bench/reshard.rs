@@ -104,23 +104,8 @@ pub async fn reshard_vs_replay(dir: &Path, keys: u64, from: u32, to: u32) -> Res
         .iter()
         .map(|k| open_log(&dir.join("targets"), k))
         .collect::<Result<Vec<_>>>()?;
-    let src: Vec<SourcePartition<'_>> = sources
-        .iter()
-        .zip(&logs)
-        .map(|(k, l)| SourcePartition {
-            store_key: k,
-            changelog: l,
-            until: None,
-        })
-        .collect();
-    let dst: Vec<TargetPartition<'_>> = targets
-        .iter()
-        .zip(&target_logs)
-        .map(|(k, l)| TargetPartition {
-            store_key: k,
-            changelog: l,
-        })
-        .collect();
+    let src = SourcePartition::zip(&sources, &logs);
+    let dst = TargetPartition::zip(&targets, &target_logs);
     let format = RocksFormat::new(bench_options());
     let baseline = rss("VmRSS");
     reset_peak_rss();

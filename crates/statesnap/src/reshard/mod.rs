@@ -77,6 +77,33 @@ pub struct TargetPartition<'a> {
     pub changelog: &'a dyn Changelog,
 }
 
+impl<'a> SourcePartition<'a> {
+    /// Partition `keys[i]` following `logs[i]`, each as of its log's end.
+    pub fn zip<C: Changelog>(keys: &'a [StoreKey], logs: &'a [C]) -> Vec<Self> {
+        keys.iter()
+            .zip(logs)
+            .map(|(store_key, changelog)| SourcePartition {
+                store_key,
+                changelog,
+                until: None,
+            })
+            .collect()
+    }
+}
+
+impl<'a> TargetPartition<'a> {
+    /// Partition `keys[i]` with its new changelog `logs[i]`.
+    pub fn zip<C: Changelog>(keys: &'a [StoreKey], logs: &'a [C]) -> Vec<Self> {
+        keys.iter()
+            .zip(logs)
+            .map(|(store_key, changelog)| TargetPartition {
+                store_key,
+                changelog,
+            })
+            .collect()
+    }
+}
+
 impl std::fmt::Debug for SourcePartition<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SourcePartition")

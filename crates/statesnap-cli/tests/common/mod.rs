@@ -1,0 +1,21 @@
+//! Helpers the CLI's test files share (`mod common;`).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use assert_cmd::Command;
+
+/// The `statesnap` binary, without a repository from the environment and
+/// with a timeout.
+pub fn statesnap() -> Command {
+    let mut c = Command::cargo_bin("statesnap").expect("binary");
+    c.env_remove("STATESNAP_REPO")
+        .timeout(Duration::from_secs(120));
+    c
+}
+
+/// `out` parsed as JSON, or a panic showing it.
+pub fn json_of(out: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(out)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
+}
