@@ -273,6 +273,9 @@ impl RocksStore {
     }
 }
 
+/// Read-ahead of a scan of the whole store.
+const FULL_SCAN_READAHEAD: usize = 4 << 20;
+
 /// Where the bulk loader writes its SST files, inside the store directory
 /// (the same file system: ingestion moves them).
 const BULK_DIR: &str = "bulk-load";
@@ -424,6 +427,13 @@ impl StateStore for RocksStore {
         let mut ro = ReadOptions::default();
         if let Bound::Excluded(e) = end {
             ro.set_iterate_upper_bound(e.to_vec());
+        }
+        if matches!((start, end), (Bound::Unbounded, Bound::Unbounded)) {
+            // A scan of the whole store (a digest, a reshard, a portable
+            // snapshot): read ahead in large chunks and leave the block
+            // cache to the point reads it serves.
+            ro.fill_cache(false);
+            ro.set_readahead_size(FULL_SCAN_READAHEAD);
         }
         let mut it = self.db.raw_iterator_cf_opt(cf, ro);
         match start {
