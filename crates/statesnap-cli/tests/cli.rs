@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{json_of, statesnap};
+use common::{json_of, manual_manager, statesnap};
 use statesnap::StoreKey;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -50,13 +50,7 @@ fn log(root: &Path) -> FileChangelog {
 }
 
 async fn write_fixture(repo_url: &str, root: &Path) {
-    let repo = Repository::init(repo_url, Default::default())
-        .await
-        .expect("init");
-    let m = StateManager::builder(repo)
-        .policy(SnapshotPolicy::manual())
-        .build()
-        .expect("manager");
+    let m = manual_manager(repo_url).await;
     let spec = StoreSpec::rocksdb(
         StoreKey::new("shop", "carts", 0).expect("spec"),
         log(root),
@@ -761,13 +755,7 @@ fn the_commands_work_against_the_s3_server() {
 fn long_history(root: &Path, records: u32, snapshot_after: Option<u32>) -> String {
     let repo_url = format!("file://{}", root.join("repo").display());
     rt().block_on(async {
-        let repo = Repository::init(&repo_url, Default::default())
-            .await
-            .expect("init");
-        let m = StateManager::builder(repo)
-            .policy(SnapshotPolicy::manual())
-            .build()
-            .expect("manager");
+        let m = manual_manager(&repo_url).await;
         let spec = StoreSpec::rocksdb(
             StoreKey::new("shop", "carts", 0).expect("spec"),
             log(root),

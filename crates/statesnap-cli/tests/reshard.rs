@@ -8,25 +8,17 @@ use std::path::Path;
 
 mod common;
 
-use common::{json_of, statesnap};
+use common::{json_of, manual_manager, statesnap};
 use statesnap::reshard::{Murmur2, Partitioner};
 use statesnap::restore::{RestoreOptions, restore_store};
-use statesnap::{
-    FileChangelog, RocksFormat, SnapshotPolicy, StateManager, StateStoreExt, StoreKey, StoreSpec,
-};
+use statesnap::{FileChangelog, RocksFormat, StateStoreExt, StoreKey, StoreSpec};
 
 /// The source store `shop/carts`, 3 partitions on file logs at
 /// `logs/{topic}-{partition}`, each with a handoff snapshot and a tail of
 /// records after it; returns the repository URL and every live pair.
 async fn sources(root: &Path) -> (String, BTreeMap<String, String>) {
     let url = format!("file://{}", root.join("repo").display());
-    let repo = statesnap::Repository::init(&url, Default::default())
-        .await
-        .expect("init");
-    let m = StateManager::builder(repo)
-        .policy(SnapshotPolicy::manual())
-        .build()
-        .expect("manager");
+    let m = manual_manager(&url).await;
     let mut model = BTreeMap::new();
     for p in 0..3u32 {
         let key = StoreKey::new("shop", "carts", p).expect("key");

@@ -19,3 +19,16 @@ pub fn json_of(out: &[u8]) -> serde_json::Value {
     serde_json::from_slice(out)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
 }
+
+/// A new repository at `url` and a manager on it that snapshots only when
+/// asked (fixtures write their stores through the runtime, as an
+/// application does).
+pub async fn manual_manager(url: &str) -> statesnap::StateManager {
+    let repo = statesnap::Repository::init(url, Default::default())
+        .await
+        .expect("init");
+    statesnap::StateManager::builder(repo)
+        .policy(statesnap::SnapshotPolicy::manual())
+        .build()
+        .expect("manager")
+}
