@@ -100,6 +100,31 @@ impl std::fmt::Display for HandoffResult {
 }
 
 /// Loads a partition, hands it off, and opens it both ways.
+/// Writes `keys` users' states through `h`, committing every 10 000;
+/// returns the changelog records committed.
+fn load_users<C: statesnap::Changelog>(
+    h: &mut statesnap::StateHandle<statesnap::RocksFormat, C>,
+    keys: u64,
+) -> Result<u64> {
+    let mut records = 0;
+    for i in 0..keys {
+        let user = format!("u{i:09}");
+        let s = UserState {
+            views: i % 97 + 1,
+            last_seen_ms: 1_700_000_000_000 + i as i64,
+            sessions: i % 7 + 1,
+            session_start_ms: 1_700_000_000_000,
+            session_views: i % 13 + 1,
+            last_offset: i as i64,
+        };
+        h.put(state_key(&user), serde_json::to_vec(&s)?);
+        if (i + 1) % 10_000 == 0 || i + 1 == keys {
+            records += h.commit()?.map_or(0, |c| c.records as u64);
+        }
+    }
+    Ok(records)
+}
+
 pub async fn handoff(config: &HandoffConfig) -> Result<HandoffResult> {
     std::fs::create_dir_all(&config.dir)?;
     let kafka = changelog_options(&config.bootstrap, 1);
@@ -116,22 +141,7 @@ pub async fn handoff(config: &HandoffConfig) -> Result<HandoffResult> {
         )?)
         .await?;
     let started = Instant::now();
-    let mut records = 0;
-    for i in 0..config.keys {
-        let user = format!("u{i:09}");
-        let s = UserState {
-            views: i % 97 + 1,
-            last_seen_ms: 1_700_000_000_000 + i as i64,
-            sessions: i % 7 + 1,
-            session_start_ms: 1_700_000_000_000,
-            session_views: i % 13 + 1,
-            last_offset: i as i64,
-        };
-        h.put(state_key(&user), serde_json::to_vec(&s)?);
-        if (i + 1) % 10_000 == 0 || i + 1 == config.keys {
-            records += h.commit()?.map_or(0, |c| c.records as u64);
-        }
-    }
+    let records = load_users(&mut h, config.keys)?;
     let load = started.elapsed();
     let closed = h.close().await?;
     let close = closed.duration;
