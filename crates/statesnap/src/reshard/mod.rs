@@ -672,19 +672,17 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
                 report.snapshot_reused = true;
                 return Ok(());
             }
-            {
-                return Err(Error::new(
-                    ErrorKind::AlreadyExists,
-                    format!(
-                        "the reshard target already has a snapshot this reshard did not write \
-                         store_key=`{}` snapshot=`{}` offset={}; use new targets",
-                        t.store_key,
-                        existing.id(),
-                        m.changelog.offset
-                    ),
-                )
-                .with_reason(Reason::AlreadyExists));
-            }
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "the reshard target already has a snapshot this reshard did not write \
+                     store_key=`{}` snapshot=`{}` offset={}; use new targets",
+                    t.store_key,
+                    existing.id(),
+                    m.changelog.offset
+                ),
+            )
+            .with_reason(Reason::AlreadyExists));
         }
         // The manifest records the digest (a resumed run recognises its own
         // snapshot by it), computed by the format from the cut: a second,
@@ -706,7 +704,8 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
         .await?;
         if manifest.logical_digest.as_ref() != Some(&report.digest) {
             return Err(Error::internal(format!(
-                "the target's committed snapshot does not hold what was placed in it                  store_key=`{}` snapshot=`{}` placed={}; delete that snapshot and report a bug",
+                "the target's committed snapshot does not hold what was placed in it \
+                 store_key=`{}` snapshot=`{}` placed={}; delete that snapshot and report a bug",
                 t.store_key, manifest.snapshot_id, report.digest
             )));
         }
