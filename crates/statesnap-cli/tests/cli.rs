@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{json_of, manual_manager, statesnap};
+use common::{json_of, manual_manager, run_json_args, statesnap};
 use statesnap::StoreKey;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -98,15 +98,9 @@ fn fixture() -> Fixture {
 /// Runs `args` with `--json` and returns the parsed stdout, asserting
 /// exit code `code`.
 fn run_json(f: &Fixture, args: &[&str], code: i32) -> serde_json::Value {
-    let out = statesnap()
-        .args(args)
-        .args(["--repo", &f.repo_url, "--json"])
-        .assert()
-        .code(code)
-        .get_output()
-        .stdout
-        .clone();
-    json_of(&out)
+    let mut all = args.to_vec();
+    all.extend(["--repo", &f.repo_url]);
+    run_json_args(&all, code)
 }
 
 fn snapshot_ids(f: &Fixture) -> Vec<String> {

@@ -8,7 +8,7 @@ use std::path::Path;
 
 mod common;
 
-use common::{json_of, manual_manager, statesnap};
+use common::{manual_manager, run_json_args, statesnap};
 use statesnap::reshard::{Murmur2, Partitioner};
 use statesnap::restore::{RestoreOptions, restore_store};
 use statesnap::{FileChangelog, RocksFormat, StateStoreExt, StoreKey, StoreSpec};
@@ -55,20 +55,6 @@ async fn sources(root: &Path) -> (String, BTreeMap<String, String>) {
     (url, model)
 }
 
-/// Runs `statesnap` with `args` and `--json`, expecting exit code `code`;
-/// the JSON it printed (a report, or `{"error": ...}`).
-fn run(args: &[&str], code: i32) -> serde_json::Value {
-    let out = statesnap()
-        .args(args)
-        .arg("--json")
-        .assert()
-        .code(code)
-        .get_output()
-        .stdout
-        .clone();
-    json_of(&out)
-}
-
 /// `statesnap reshard` of `shop/carts` into `shop2/carts` with `args`.
 fn reshard(repo: &str, template: &str, args: &[&str], code: i32) -> serde_json::Value {
     let mut all = vec![
@@ -82,7 +68,7 @@ fn reshard(repo: &str, template: &str, args: &[&str], code: i32) -> serde_json::
     ];
     all.extend(["--changelog-template", template]);
     all.extend(args);
-    run(&all, code)
+    run_json_args(&all, code)
 }
 
 #[test]
@@ -204,7 +190,7 @@ fn reshard_refuses_bad_input_with_its_exit_code() {
         let args = ["reshard", "--repo", &repo, "--from", from, "--to", to];
         let mut args = args.to_vec();
         args.extend(["--partitions", "2", "--changelog-template", &template]);
-        assert_eq!(run(&args, code)["error"]["kind"], kind);
+        assert_eq!(run_json_args(&args, code)["error"]["kind"], kind);
     }
     // A missing source partition: partition 1's snapshots are gone.
     let listing = std::fs::read_dir(root.join("repo/stores/shop.carts.1"))

@@ -32,3 +32,17 @@ pub async fn manual_manager(url: &str) -> statesnap::StateManager {
         .build()
         .expect("manager")
 }
+
+/// Runs `statesnap` with `args` and `--json`, asserting exit code `code`;
+/// the JSON it printed on stdout (a report, or `{"error": ...}`).
+pub fn run_json_args(args: &[&str], code: i32) -> serde_json::Value {
+    let out = statesnap()
+        .args(args)
+        .arg("--json")
+        .assert()
+        .code(code)
+        .get_output()
+        .stdout
+        .clone();
+    json_of(&out)
+}
