@@ -33,7 +33,7 @@ mod merge;
 mod partitioner;
 mod target;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -47,7 +47,9 @@ use crate::digest::LogicalDigest;
 use crate::error::{Error, ErrorKind, Reason, Result};
 use crate::format::StoreFormat;
 use crate::repo::{Repository, SnapshotId, StoreKey};
-use crate::restore::{RestoreOptions, RestoreReport, Source as RestoreSource, restore_store};
+use crate::restore::{
+    RestoreOptions, RestoreReport, ScratchDir, Source as RestoreSource, restore_store,
+};
 use crate::store::{StateStore, StateStoreExt, ensure_follows};
 use crate::util::blocking_here;
 use target::TargetWriter;
@@ -291,14 +293,14 @@ pub async fn reshard<SF: StoreFormat, TF: StoreFormat>(
 ) -> Result<ReshardReport> {
     check_partitions(sources, targets)?;
     check_targets(repo, targets, options.resume).await?;
-    let scratch = Scratch::create(scratch)?;
+    let scratch = ScratchDir::create(scratch)?;
     let run = Run {
         repo,
         source_format,
         sources,
         target_format,
         targets,
-        scratch: &scratch.0,
+        scratch: scratch.path(),
         options,
     };
     run.execute().await
@@ -391,36 +393,6 @@ async fn check_targets(
         }
     }
     Ok(())
-}
-
-/// The scratch directory, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn create(path: &Path) -> Result<Self> {
-        if std::fs::symlink_metadata(path).is_ok() {
-            return Err(Error::config(format!(
-                "the scratch directory already exists path=`{}`; give a path that does not exist",
-                path.display()
-            ))
-            .with_reason(Reason::AlreadyExists));
-        }
-        std::fs::create_dir_all(path).map_err(|e| {
-            Error::io(
-                format!("cannot create scratch directory path=`{}`", path.display()),
-                e,
-            )
-        })?;
-        Ok(Scratch(path.to_owned()))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            tracing::warn!(path = %self.0.display(), error = %e, "cannot remove reshard scratch directory");
-        }
-    }
 }
 
 struct Run<'r, 'a, SF, TF> {

@@ -426,6 +426,57 @@ pub async fn open_snapshot<F: StoreFormat>(
     result
 }
 
+/// A scratch directory this library created (it refuses one that exists:
+/// what the caller had there is never removed). [`ScratchDir::remove`]
+/// removes it and reports a failure; dropped otherwise (an early return, a
+/// cancelled future), it is removed and a failure only logged.
+#[derive(Debug)]
+pub(crate) struct ScratchDir(Option<std::path::PathBuf>);
+
+impl ScratchDir {
+    /// Creates `path`, which must not exist (`config`, reason
+    /// `already_exists`, if it does).
+    pub(crate) fn create(path: &Path) -> Result<Self> {
+        if std::fs::symlink_metadata(path).is_ok() {
+            return Err(Error::config(format!(
+                "the scratch directory already exists path=`{}`; give a path that does not exist",
+                path.display()
+            ))
+            .with_reason(crate::Reason::AlreadyExists));
+        }
+        std::fs::create_dir_all(path).map_err(|e| {
+            Error::io(
+                format!("cannot create scratch directory path=`{}`", path.display()),
+                e,
+            )
+        })?;
+        Ok(ScratchDir(Some(path.to_owned())))
+    }
+
+    /// Its path.
+    pub(crate) fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+
+    /// Removes it, reporting a failure.
+    pub(crate) fn remove(mut self) -> Result<()> {
+        match self.0.take() {
+            Some(p) => remove_scratch(&p),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take()
+            && let Err(e) = remove_scratch(&p)
+        {
+            tracing::warn!(error = %e, "cannot remove a scratch directory");
+        }
+    }
+}
+
 fn remove_scratch(dir: &Path) -> Result<()> {
     if std::fs::symlink_metadata(dir).is_ok() {
         std::fs::remove_dir_all(dir).map_err(|e| {

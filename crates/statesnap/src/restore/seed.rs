@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::{RestoreOptions, open_snapshot, remove_scratch, restore_store};
+use super::{RestoreOptions, ScratchDir, open_snapshot, restore_store};
 use crate::changelog::{Changelog, Record};
 use crate::digest::LogicalDigest;
 use crate::error::{Error, ErrorKind, Result};
@@ -84,24 +84,17 @@ pub async fn seed_store<F: StoreFormat, C: Changelog + ?Sized>(
         .with_reason(crate::Reason::AlreadyExists));
     }
     let source = repo.catalog().snapshot_or_latest(from, snapshot).await?;
-    if std::fs::symlink_metadata(scratch).is_ok() {
-        return Err(Error::config(format!(
-            "the scratch directory already exists path=`{}`; give a path that does not exist",
-            scratch.display()
-        ))
-        .with_reason(crate::Reason::AlreadyExists));
-    }
-    std::fs::create_dir_all(scratch).map_err(|e| {
-        Error::io(
-            format!(
-                "cannot create scratch directory path=`{}`",
-                scratch.display()
-            ),
-            e,
-        )
-    })?;
-    let result = seed_in(format, repo, &source.manifest, to, changelog, scratch).await;
-    remove_scratch(scratch)?;
+    let scratch = ScratchDir::create(scratch)?;
+    let result = seed_in(
+        format,
+        repo,
+        &source.manifest,
+        to,
+        changelog,
+        scratch.path(),
+    )
+    .await;
+    scratch.remove()?;
     result
 }
 

@@ -253,24 +253,23 @@ impl RocksStore {
     }
 
     fn data_cf(&self) -> Result<&rocksdb::ColumnFamily> {
-        self.db
-            .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
-            .ok_or_else(|| {
-                Error::internal(format!(
-                    "default column family missing path=`{}`",
-                    self.path.display()
-                ))
-            })
+        column_family(&self.db, &self.path, rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
     }
 
     fn meta_cf(&self) -> Result<&rocksdb::ColumnFamily> {
-        self.db.cf_handle(META_CF).ok_or_else(|| {
-            Error::internal(format!(
-                "{META_CF} column family missing path=`{}`",
-                self.path.display()
-            ))
-        })
+        column_family(&self.db, &self.path, META_CF)
     }
+}
+
+/// Column family `name` of the open store at `path` (the open created both
+/// of ours: a missing one is a bug).
+fn column_family<'d>(db: &'d DB, path: &Path, name: &str) -> Result<&'d rocksdb::ColumnFamily> {
+    db.cf_handle(name).ok_or_else(|| {
+        Error::internal(format!(
+            "column family missing cf=`{name}` path=`{}`",
+            path.display()
+        ))
+    })
 }
 
 /// Read-ahead of a scan of the whole store.
@@ -336,14 +335,7 @@ impl BulkLoader for SstLoader<'_> {
         let Some(offset) = self.last_offset else {
             return remove_bulk_dir(&self.dir);
         };
-        let cf = |name: &str| {
-            self.db.cf_handle(name).ok_or_else(|| {
-                Error::internal(format!(
-                    "column family missing cf=`{name}` path=`{}`",
-                    self.path.display()
-                ))
-            })
-        };
+        let cf = |name| column_family(self.db, self.path, name);
         let mut ingest = rocksdb::IngestExternalFileOptions::default();
         ingest.set_move_files(true);
         self.db
