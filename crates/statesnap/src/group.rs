@@ -133,7 +133,10 @@ use crate::store::logged::CommitInfo;
 /// The key under which each store keeps its input partition's position
 /// (the next input offset its committed state does not cover), as 8
 /// big-endian bytes. Starts with a NUL byte; keep application keys clear of
-/// it.
+/// it. A reshard leaves it behind
+/// ([`PARTITION_LOCAL_PREFIX`](crate::reshard::PARTITION_LOCAL_PREFIX)): the
+/// resharded application starts its new input partitions at their
+/// beginning.
 pub const INPUT_POSITION_KEY: &[u8] = b"\x00statesnap/input-position";
 
 /// Which store serves an input partition. Implement it for your
@@ -693,6 +696,19 @@ mod tests {
     use crate::{FileChangelog, Repository};
 
     type Handle = StateHandle<PortableFormat<MemoryStore>, FileChangelog>;
+
+    #[test]
+    fn the_input_position_is_left_behind_by_a_reshard() {
+        // It names an offset in one input partition of the old layout.
+        assert!(INPUT_POSITION_KEY.starts_with(crate::reshard::PARTITION_LOCAL_PREFIX));
+        let defaults = crate::reshard::ReshardOptions::default();
+        assert!(
+            defaults
+                .leave_behind
+                .iter()
+                .any(|p| INPUT_POSITION_KEY.starts_with(p))
+        );
+    }
 
     async fn open(manager: &StateManager, dir: &std::path::Path) -> Handle {
         let log = FileChangelog::open(

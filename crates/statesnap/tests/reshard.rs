@@ -16,8 +16,8 @@ use statesnap::changelog::{Changelog, Record};
 use statesnap::format::StoreFormat;
 use statesnap::repo::{Repository, StoreKey};
 use statesnap::reshard::{
-    FnPartitioner, Murmur2, Partitioner, ReshardOptions, ReshardReport, SourcePartition,
-    TargetPartition, reshard,
+    FnPartitioner, Murmur2, PARTITION_LOCAL_PREFIX, Partitioner, ReshardOptions, ReshardReport,
+    SourcePartition, TargetPartition, reshard,
 };
 use statesnap::restore::{RestoreOptions, Source, restore_store};
 use statesnap::store::LoggedStore;
@@ -166,9 +166,9 @@ struct Workload {
 }
 
 /// Target partitions `shop2/carts/0..m` with new, empty changelogs.
-struct Targets {
+struct Targets<C = FileChangelog> {
     keys: Vec<StoreKey>,
-    logs: Vec<FileChangelog>,
+    logs: Vec<C>,
     dir: PathBuf,
 }
 
@@ -184,7 +184,9 @@ impl Targets {
             .collect();
         Targets { keys, logs, dir }
     }
+}
 
+impl<C: Changelog> Targets<C> {
     fn partitions(&self) -> Vec<TargetPartition<'_>> {
         TargetPartition::zip(&self.keys, &self.logs)
     }
@@ -194,10 +196,10 @@ impl Targets {
     }
 }
 
-async fn run(
+async fn run<C: Changelog>(
     s: &Sources,
     source: Kind,
-    t: &Targets,
+    t: &Targets<C>,
     target: Kind,
     options: &ReshardOptions,
 ) -> statesnap::Result<ReshardReport> {
@@ -227,7 +229,12 @@ async fn run(
 
 /// What target `j` holds when opened the way the new application opens
 /// it, and how many records that open replayed.
-async fn open_target(s: &Sources, t: &Targets, kind: Kind, j: usize) -> (Kv, u64, Source) {
+async fn open_target<C: Changelog>(
+    s: &Sources,
+    t: &Targets<C>,
+    kind: Kind,
+    j: usize,
+) -> (Kv, u64, Source) {
     let dir = t.dir.join(format!("open-{j}-{}", ulid::Ulid::new()));
     let o = RestoreOptions::default();
     let (k, l) = (&t.keys[j], &t.logs[j]);
@@ -249,9 +256,9 @@ async fn open_target(s: &Sources, t: &Targets, kind: Kind, j: usize) -> (Kv, u64
 }
 
 /// Everything the reshard promises, checked against the model.
-async fn check_exact(
+async fn check_exact<C: Changelog>(
     s: &Sources,
-    t: &Targets,
+    t: &Targets<C>,
     target: Kind,
     r: &ReshardReport,
     p: &dyn Partitioner,
@@ -387,7 +394,7 @@ fn a_reshard_as_of_given_offsets_moves_that_state() {
 }
 
 /// Asserts `e` is a refusal of `kind` that left every target untouched.
-fn refused(e: statesnap::Error, kind: ErrorKind, t: &Targets, ends: &[u64]) {
+fn refused<C: Changelog>(e: statesnap::Error, kind: ErrorKind, t: &Targets<C>, ends: &[u64]) {
     assert_eq!(e.kind(), kind, "{e}");
     assert_eq!(t.end_offsets(), ends, "a refusal writes nothing: {e}");
 }
@@ -446,6 +453,83 @@ fn a_key_held_by_two_sources_is_refused() {
         let t = Targets::new(s.root.path(), "dup", 3);
         let e = run(&s, Kind::Memory, &t, Kind::Memory, &Default::default()).await;
         refused(e.unwrap_err(), ErrorKind::Config, &t, &[0, 0, 0]);
+    });
+}
+
+#[test]
+fn per_partition_bookkeeping_is_left_behind_and_counted() {
+    common::rt().block_on(async {
+        let s = Sources::new(Kind::Rocks, 3, 900, 300, 13).await;
+        // Every source records its input position, as the consumer-group
+        // glue does: one key, in every partition, with its own value.
+        let position = [PARTITION_LOCAL_PREFIX, b"input-position"].concat();
+        for (i, l) in s.logs.iter().enumerate() {
+            l.append(&[Record::put(position.clone(), vec![0, 0, 0, i as u8])])
+                .unwrap();
+        }
+        // Moved, it would be a key held by two sources.
+        let t = Targets::new(s.root.path(), "keep", 2);
+        let keep_all = ReshardOptions {
+            leave_behind: Vec::new(),
+            ..Default::default()
+        };
+        let e = run(&s, Kind::Rocks, &t, Kind::Rocks, &keep_all).await;
+        refused(e.unwrap_err(), ErrorKind::Config, &t, &[0, 0]);
+
+        // By default it stays behind: the targets hold the users' keys
+        // only, and each source's report counts what it left.
+        let t = Targets::new(s.root.path(), "left", 2);
+        let r = run(&s, Kind::Rocks, &t, Kind::Rocks, &Default::default())
+            .await
+            .unwrap();
+        assert!(r.sources.iter().all(|s| s.left_behind == 1), "{r:?}");
+        check_exact(&s, &t, Kind::Rocks, &r, &Murmur2).await;
+    });
+}
+
+/// Targets on Kafka (librdkafka's mock cluster) that keep their lineage in
+/// marker records: a target whose only record is such a marker (someone
+/// opened the new changelog first) is new, not "already holding records";
+/// the markers and writer claims the backend writes are not records of the
+/// target; and the targets open ready to run, exactly.
+#[cfg(feature = "kafka")]
+#[test]
+fn targets_on_kafka_with_marker_lineage_are_new_and_ready_to_run() {
+    use statesnap::changelog::kafka::{
+        KafkaChangelog, KafkaOptions, LineageSource, NonCompactedPolicy,
+    };
+    common::rt().block_on(async {
+        let s = Sources::new(Kind::Rocks, 2, 1_500, 400, 17).await;
+        let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let options = KafkaOptions::new(mock.bootstrap_servers())
+            .request_timeout(std::time::Duration::from_secs(2))
+            .non_compacted_policy(NonCompactedPolicy::Warn)
+            .lineage_source(LineageSource::Marker);
+        let keys: Vec<StoreKey> = (0..3)
+            .map(|p| StoreKey::new("kshop", "carts", p).unwrap())
+            .collect();
+        mock.create_topic(&keys[0].changelog_id().topic, 3, 1)
+            .unwrap();
+        let logs: Vec<KafkaChangelog> = keys
+            .iter()
+            .map(|k| KafkaChangelog::open(k.changelog_id(), options.clone()).unwrap())
+            .collect();
+        let lineage = logs[0].lineage().unwrap();
+        assert!(lineage.0.starts_with("marker:"), "{lineage}");
+        assert_eq!(logs[0].end_offset().unwrap(), 1, "the marker took offset 0");
+        let t = Targets {
+            keys,
+            logs,
+            dir: s.root.path().join("targets-kafka"),
+        };
+        let r = run(&s, Kind::Rocks, &t, Kind::Rocks, &Default::default())
+            .await
+            .unwrap();
+        check_exact(&s, &t, Kind::Rocks, &r, &Murmur2).await;
+        assert_eq!(t.logs[0].lineage().unwrap(), lineage, "the marker stands");
+        // A second run into the same targets is refused: they hold records.
+        let e = run(&s, Kind::Rocks, &t, Kind::Rocks, &Default::default()).await;
+        assert_eq!(e.unwrap_err().kind(), ErrorKind::AlreadyExists);
     });
 }
 

@@ -169,6 +169,7 @@ pub async fn run(a: &ReshardArgs, out: Out) -> Result<ExitCode> {
         resume: a.force,
         verify_replay: a.verify,
         progress: Some(Arc::clone(&progress)),
+        ..ReshardOptions::default()
     };
     let (_guard, scratch) = match &a.scratch {
         Some(dir) => (None, dir.clone()),
@@ -307,6 +308,7 @@ fn print_report(r: &ReshardReport, out: Out) {
                 "offset": s.offset,
                 "replayed": s.replayed,
                 "keys": s.keys,
+                "left_behind": s.left_behind,
             })).collect::<Vec<_>>(),
             "targets": r.targets.iter().map(|t| json!({
                 "store_key": t.store_key.to_string(),
@@ -373,6 +375,12 @@ fn print_report(r: &ReshardReport, out: Out) {
         "digest of every key moved: {} (sources = targets)",
         r.digest
     );
+    let left: u64 = r.sources.iter().map(|s| s.left_behind).sum();
+    if left > 0 {
+        println!(
+            "left behind: {left} per-partition bookkeeping keys (input positions) of the old layout"
+        );
+    }
     if r.targets.iter().any(|t| t.replay_verified) {
         println!("every target's new changelog replays to its snapshot");
     }

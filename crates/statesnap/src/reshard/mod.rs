@@ -57,6 +57,13 @@ use target::TargetWriter;
 /// Records appended to a target changelog per batch.
 pub(crate) const APPEND_BATCH: usize = 10_000;
 
+/// The key prefix of statesnap's own per-partition bookkeeping in a store
+/// (the consumer-group glue's input position, `\x00statesnap/input-position`).
+/// Such keys describe one partition of the old layout (an offset in one
+/// input partition), so they are left behind by default
+/// ([`ReshardOptions::leave_behind`]).
+pub const PARTITION_LOCAL_PREFIX: &[u8] = b"\x00statesnap/";
+
 /// One source partition: its store, the changelog it follows, and
 /// optionally the offset to reshard its state as of.
 #[derive(Clone, Copy)]
@@ -138,6 +145,12 @@ pub struct ReshardOptions {
     /// changelog and check it holds the target's digest (one more pass
     /// over the data; the proof the tests run).
     pub verify_replay: bool,
+    /// Key prefixes that are not moved: per-partition bookkeeping that means
+    /// nothing in the new layout (default: [`PARTITION_LOCAL_PREFIX`], the
+    /// input positions the consumer-group glue records; every source holds
+    /// one, so moving them would be a key held by two sources). Each
+    /// source's report counts the keys left behind.
+    pub leave_behind: Vec<Vec<u8>>,
     /// Counters to read from another task (progress bars).
     pub progress: Option<Arc<ReshardProgress>>,
 }
@@ -148,6 +161,7 @@ impl Default for ReshardOptions {
             partitioner: Arc::new(Murmur2),
             resume: false,
             verify_replay: false,
+            leave_behind: vec![PARTITION_LOCAL_PREFIX.to_vec()],
             progress: None,
         }
     }
@@ -159,6 +173,14 @@ impl std::fmt::Debug for ReshardOptions {
             .field("partitioner", &self.partitioner.name())
             .field("resume", &self.resume)
             .field("verify_replay", &self.verify_replay)
+            .field(
+                "leave_behind",
+                &self
+                    .leave_behind
+                    .iter()
+                    .map(|p| String::from_utf8_lossy(p))
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -207,8 +229,10 @@ pub struct SourceReport {
     pub offset: Option<u64>,
     /// Changelog records replayed after the snapshot.
     pub replayed: u64,
-    /// Its live keys.
+    /// Its live keys that were moved.
     pub keys: u64,
+    /// Its keys under a [`ReshardOptions::leave_behind`] prefix, not moved.
+    pub left_behind: u64,
 }
 
 /// What one target received.
@@ -373,7 +397,7 @@ async fn check_targets(
     for t in targets {
         let end = t.changelog.end_offset()?;
         let newest = repo.catalog().latest(t.store_key).await?;
-        if end > 0 || newest.is_some() {
+        if holds_records(t.changelog)? || newest.is_some() {
             let what = match &newest {
                 Some(s) => format!("snapshot=`{}`", s.id()),
                 None => "snapshot=none".to_owned(),
@@ -393,6 +417,28 @@ async fn check_targets(
         }
     }
     Ok(())
+}
+
+/// Whether `log` holds, or once held, any record. Marker records a backend
+/// writes for itself (a Kafka lineage marker) do not count: a log that
+/// holds nothing else is new. A log whose first offsets were truncated
+/// held records.
+fn holds_records(log: &dyn Changelog) -> Result<bool> {
+    let end = log.end_offset()?;
+    if end == 0 {
+        return Ok(false);
+    }
+    let start = log.start_offset()?;
+    if start > 0 {
+        return Ok(true);
+    }
+    let mut reader = log.read_from(start)?;
+    while let Some(batch) = reader.next_batch(64)? {
+        if !batch.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 struct Run<'r, 'a, SF, TF> {
@@ -556,9 +602,23 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
             .iter()
             .map(|s| s.store_key.to_string())
             .collect();
+        // Keys left behind are dropped from each source before the merge:
+        // every source may hold one of them (its own input position).
+        let left_behind: Vec<AtomicU64> = self.sources.iter().map(|_| AtomicU64::new(0)).collect();
+        let leave_behind = &self.options.leave_behind;
         let iters = restored
             .iter()
-            .map(|(store, _)| store.iter())
+            .zip(&left_behind)
+            .map(|((store, _), count)| {
+                let kept = store.iter()?.filter(move |kv| match kv {
+                    Ok((key, _)) if leave_behind.iter().any(|p| key.starts_with(p)) => {
+                        count.fetch_add(1, Ordering::Relaxed);
+                        false
+                    }
+                    _ => true,
+                });
+                Ok(Box::new(kept) as crate::store::KvIter<'_>)
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut merge = merge::Merge::new(iters, names)?;
         let mut per_source = vec![0u64; self.sources.len()];
@@ -595,7 +655,10 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
             *g = target_reports.iter().map(|t| t.keys).collect();
         }
         let mut source_reports = Vec::with_capacity(self.sources.len());
-        for ((s, (store, r)), keys) in self.sources.iter().zip(restored).zip(per_source) {
+        let left_behind = left_behind.iter().map(|c| c.load(Ordering::Relaxed));
+        let counts = per_source.into_iter().zip(left_behind);
+        for ((s, (store, r)), (keys, left_behind)) in self.sources.iter().zip(restored).zip(counts)
+        {
             source_reports.push(SourceReport {
                 store_key: s.store_key.clone(),
                 changelog: s.changelog.id().clone(),
@@ -603,6 +666,7 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
                 offset: store.applied_offset()?,
                 replayed: r.replay.records,
                 keys,
+                left_behind,
             });
         }
         Ok((source_reports, target_reports))
