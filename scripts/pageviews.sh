@@ -7,6 +7,9 @@
 #   scripts/pageviews.sh scenario [...]  processes join, leave and are killed while
 #                                        input flows; checked against a model; the
 #                                        per-move report (`pageviews scenario --help`)
+#   scripts/pageviews.sh reshard [...]   the partition count changes (default 6 -> 12
+#                                        -> 4, `--layout`) through reshards of the
+#                                        state; each generation checked against a model
 #   scripts/pageviews.sh bench [...]     time to ready of a moved partition, handoff
 #                                        vs full replay (`--keys N`, default 1 000 000)
 #
@@ -27,13 +30,15 @@ what="${1:-all}"
 [[ $# -gt 0 ]] && shift
 case "$what" in
   scenario) "$bin" scenario "$@" ;;
+  reshard) "$bin" reshard "$@" ;;
   bench) "$bin" bench "$@" ;;
   all)
     "$bin" scenario
+    "$bin" reshard
     "$bin" bench
     ;;
   *)
-    echo "usage: scripts/pageviews.sh [scenario|bench] [options]" >&2
+    echo "usage: scripts/pageviews.sh [scenario|reshard|bench] [options]" >&2
     exit 2
     ;;
 esac

@@ -34,7 +34,7 @@ use statesnap::runtime::{SnapshotPolicy, StoreSpec};
 use statesnap::{KafkaChangelog, KafkaOptions, Repository, RocksFormat, StateManager, StoreKey};
 
 use crate::Result;
-use crate::model::{Event, UserState, apply, output, state_key};
+use crate::model::{Event, Position, UserState, apply, output, state_key};
 
 /// The store name in the repository and in the changelog topic
 /// (`<app>-users-changelog`).
@@ -58,6 +58,11 @@ pub struct AppConfig {
     pub output: String,
     /// Partitions of the changelog topic (= the input's).
     pub partitions: i32,
+    /// The input generation: 0, bumped each time the app moves to a new
+    /// input topic with another partition count (after a reshard of its
+    /// state), so that offsets of the new input, which start at 0 again,
+    /// are ahead of the old ones recorded in each user's state.
+    pub generation: u32,
     /// Where this process keeps its stores.
     pub data_dir: PathBuf,
     /// JSON-lines file the partition moves are appended to.
@@ -379,7 +384,7 @@ fn poll_batch(
         let Some(m) = consumer.poll(left) else { break };
         polled += 1;
         match m {
-            Ok(m) => produced += process(consumer, producer, &config.output, &m)?,
+            Ok(m) => produced += process(consumer, producer, config, &m)?,
             Err(e) => tracing::warn!(error = %e, "consumer error"),
         }
         if left.is_zero() {
@@ -393,10 +398,14 @@ fn poll_batch(
 fn process(
     consumer: &Consumer_,
     producer: &ThreadedProducer<Delivery>,
-    output_topic: &str,
+    config: &AppConfig,
     m: &BorrowedMessage<'_>,
 ) -> Result<usize> {
     let (partition, offset) = (m.partition(), m.offset());
+    let at = Position {
+        generation: config.generation,
+        offset,
+    };
     let event: Option<Event> = m.payload().and_then(|p| serde_json::from_slice(p).ok());
     let out =
         consumer
@@ -425,11 +434,11 @@ fn process(
                     None => None,
                 };
                 p.processed(offset);
-                if prev.as_ref().is_some_and(|s| s.last_offset >= offset) {
+                if prev.as_ref().is_some_and(|s| s.covers(at)) {
                     // Applied before a crash: its output went out then.
                     return Ok(None);
                 }
-                let next = apply(prev.as_ref(), &event, offset);
+                let next = apply(prev.as_ref(), &event, at);
                 let value = serde_json::to_vec(&next).map_err(|e| {
                     statesnap::Error::new(
                         statesnap::ErrorKind::Internal,
@@ -443,7 +452,7 @@ fn process(
         return Ok(0);
     };
     let payload = serde_json::to_vec(&out)?;
-    let mut record = BaseRecord::to(output_topic)
+    let mut record = BaseRecord::to(&config.output)
         .key(out.user.as_bytes())
         .payload(&payload)
         .partition(partition);

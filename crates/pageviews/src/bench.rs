@@ -115,6 +115,7 @@ fn load_users<C: statesnap::Changelog>(
             sessions: i % 7 + 1,
             session_start_ms: 1_700_000_000_000,
             session_views: i % 13 + 1,
+            generation: 0,
             last_offset: i as i64,
         };
         h.put(state_key(&user), serde_json::to_vec(&s)?);

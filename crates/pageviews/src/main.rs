@@ -42,6 +42,11 @@ enum Cmd {
         /// Partitions of the input (and of the changelog topic).
         #[arg(long, default_value_t = 6)]
         partitions: i32,
+        /// The input generation: bump it with each change of the partition
+        /// count (a reshard of the state and a new input topic), so the new
+        /// input's offsets, which start at 0 again, count as newer.
+        #[arg(long, default_value_t = 0)]
+        input_generation: u32,
         /// Where this process keeps its stores.
         #[arg(long)]
         data_dir: PathBuf,
@@ -82,6 +87,30 @@ enum Cmd {
         rate: u64,
         /// Seconds each phase lets the group settle.
         #[arg(long, default_value_t = 4)]
+        settle_secs: u64,
+    },
+    /// Changes the partition count through reshards of the state: the group
+    /// runs, stops, its state is resharded into the next count, the input
+    /// moves to a new topic with that count and the group carries on (each
+    /// generation checked against one model of the whole history).
+    Reshard {
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "STATESNAP_TEST_KAFKA_BOOTSTRAP")]
+        bootstrap: String,
+        /// Repository URL (a prefix of its own is used under it).
+        #[arg(long, env = "STATESNAP_TEST_S3_URL")]
+        repo: String,
+        /// Working directory (default: a new temporary one).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The partition counts, one generation each.
+        #[arg(long, value_delimiter = ',', default_value = "6,12,4")]
+        layout: Vec<i32>,
+        /// Input events per second.
+        #[arg(long, default_value_t = 800)]
+        rate: u64,
+        /// Seconds each phase lets the group settle.
+        #[arg(long, default_value_t = 3)]
         settle_secs: u64,
     },
     /// Time to ready of a moved partition: handoff snapshot vs full replay.
@@ -145,6 +174,7 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             input,
             output,
             partitions,
+            input_generation,
             data_dir,
             report,
             snapshot_every_ms,
@@ -160,6 +190,7 @@ fn run(cli: Cli) -> pageviews::Result<()> {
                 input,
                 output,
                 partitions,
+                generation: input_generation,
                 data_dir,
                 report,
                 snapshot_every: Duration::from_millis(snapshot_every_ms),
@@ -186,6 +217,7 @@ fn run(cli: Cli) -> pageviews::Result<()> {
                 dir,
                 app_id: id,
                 partitions,
+                generation: 0,
                 users: 3000,
                 rate,
                 settle: Duration::from_secs(settle_secs),
@@ -197,6 +229,46 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             println!("{}", scenario::table(&report));
             println!(
                 "exact: every partition's state and the de-duplicated output equal the single-process model"
+            );
+            Ok(())
+        }
+        Cmd::Reshard {
+            bootstrap,
+            repo,
+            dir,
+            layout,
+            rate,
+            settle_secs,
+        } => {
+            if layout.len() < 2 || layout.iter().any(|p| *p < 1) {
+                return Err("--layout needs two or more partition counts, each at least 1".into());
+            }
+            let id = run_id("pvr");
+            let dir = scratch(dir, &id)?;
+            let config = scenario::ScenarioConfig {
+                bin: std::env::current_exe()?,
+                bootstrap,
+                repo: format!("{}/{id}", repo.trim_end_matches('/')),
+                dir,
+                app_id: id,
+                partitions: layout[0],
+                generation: 0,
+                users: 3000,
+                rate,
+                settle: Duration::from_secs(settle_secs),
+                session_timeout: Duration::from_secs(6),
+                env: Vec::new(),
+            };
+            eprintln!(
+                "reshard scenario `{}` in {}",
+                config.app_id,
+                config.dir.display()
+            );
+            let generations = scenario::run_reshard(&config, &layout)?;
+            println!("{}", scenario::reshard_table(&generations));
+            println!(
+                "exact: each generation's state and de-duplicated output equal the single-process \
+                 model of every generation's input"
             );
             Ok(())
         }

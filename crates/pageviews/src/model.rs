@@ -33,9 +33,37 @@ pub struct UserState {
     pub session_start_ms: i64,
     /// Views in the current session.
     pub session_views: u64,
+    /// The input generation of the record that last changed this state
+    /// (see [`Position`]).
+    #[serde(default)]
+    pub generation: u32,
     /// The input offset that last changed this state: a record at or below
-    /// it is already applied (it is delivered again after a crash).
+    /// it (in the same generation) is already applied (it is delivered again
+    /// after a crash).
     pub last_offset: i64,
+}
+
+/// Where an input record stands: its offset within the input topic of one
+/// generation. Each change of the partition count (a reshard) moves the
+/// app to a new input topic whose offsets start again at 0, and bumps the
+/// generation, so a position of a newer generation is always ahead of any
+/// position of an older one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    /// The input generation (0 before any reshard).
+    pub generation: u32,
+    /// The offset in that generation's input partition.
+    pub offset: i64,
+}
+
+impl UserState {
+    /// Whether the record at `at` is already folded into this state.
+    pub fn covers(&self, at: Position) -> bool {
+        Position {
+            generation: self.generation,
+            offset: self.last_offset,
+        } >= at
+    }
 }
 
 /// The output record of one input record (output topic value, keyed by
@@ -62,8 +90,9 @@ pub fn state_key(user: &str) -> Vec<u8> {
     format!("user/{user}").into_bytes()
 }
 
-/// Folds `event` (input offset `offset`) into the user's state.
-pub fn apply(prev: Option<&UserState>, event: &Event, offset: i64) -> UserState {
+/// Folds `event` (the input record at `at`) into the user's state.
+pub fn apply(prev: Option<&UserState>, event: &Event, at: Position) -> UserState {
+    let Position { generation, offset } = at;
     match prev {
         None => UserState {
             views: 1,
@@ -71,6 +100,7 @@ pub fn apply(prev: Option<&UserState>, event: &Event, offset: i64) -> UserState 
             sessions: 1,
             session_start_ms: event.ts_ms,
             session_views: 1,
+            generation,
             last_offset: offset,
         },
         Some(s) => {
@@ -85,6 +115,7 @@ pub fn apply(prev: Option<&UserState>, event: &Event, offset: i64) -> UserState 
                     s.session_start_ms
                 },
                 session_views: if new_session { 1 } else { s.session_views + 1 },
+                generation,
                 last_offset: offset,
             }
         }
@@ -106,9 +137,11 @@ pub fn output(user: &str, partition: i32, offset: i64, s: &UserState) -> Output 
 /// The state and output a single process would end with.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Model {
+    /// The input generation being fed.
+    pub generation: u32,
     /// Per input partition, per user.
     pub states: BTreeMap<i32, BTreeMap<String, UserState>>,
-    /// Per `(partition, offset)`.
+    /// Per `(partition, offset)`, of the current generation's input.
     pub outputs: BTreeMap<(i32, i64), Output>,
     /// Input records that were not page-view events (skipped by the app).
     pub undecodable: u64,
@@ -121,13 +154,36 @@ impl Model {
             self.undecodable += 1;
             return;
         };
+        let at = Position {
+            generation: self.generation,
+            offset,
+        };
         let users = self.states.entry(partition).or_default();
-        let next = apply(users.get(&event.user), &event, offset);
+        let next = apply(users.get(&event.user), &event, at);
         self.outputs.insert(
             (partition, offset),
             output(&event.user, partition, offset, &next),
         );
         users.insert(event.user, next);
+    }
+
+    /// The partition count changes to `partitions` (a reshard): each user's
+    /// state moves to the partition a keyed producer sends that user's
+    /// events to (Kafka's murmur2 of the user), the generation is bumped,
+    /// and the outputs start again for the new generation's output topic.
+    pub fn next_generation(&mut self, partitions: u32) {
+        use statesnap::reshard::{Murmur2, Partitioner};
+        let mut states: BTreeMap<i32, BTreeMap<String, UserState>> = BTreeMap::new();
+        for (user, state) in std::mem::take(&mut self.states).into_values().flatten() {
+            let p = Murmur2.partition(user.as_bytes(), partitions);
+            states
+                .entry(i32::try_from(p).unwrap_or(i32::MAX))
+                .or_default()
+                .insert(user, state);
+        }
+        self.states = states;
+        self.outputs.clear();
+        self.generation += 1;
     }
 }
 
@@ -160,6 +216,49 @@ fn mix(mut x: u64) -> u64 {
 mod tests {
     use super::*;
 
+    fn at(generation: u32, offset: i64) -> Position {
+        Position { generation, offset }
+    }
+
+    #[test]
+    fn a_newer_generation_is_ahead_of_any_older_offset() {
+        let s = apply(None, &ev("a", 0), at(0, 900));
+        assert!(s.covers(at(0, 900)) && s.covers(at(0, 3)));
+        assert!(!s.covers(at(0, 901)));
+        // After a reshard the new input starts at offset 0 again.
+        assert!(!s.covers(at(1, 0)));
+        let t = apply(Some(&s), &ev("a", 1), at(1, 0));
+        assert!(t.covers(at(1, 0)) && t.covers(at(0, 5_000)));
+        assert_eq!((t.views, t.generation, t.last_offset), (2, 1, 0));
+    }
+
+    #[test]
+    fn the_next_generation_places_users_as_a_keyed_producer_does() {
+        use statesnap::reshard::{Murmur2, Partitioner};
+        let mut m = Model::default();
+        for (i, e) in events(3, 200, 0, 2_000, 0).iter().enumerate() {
+            let p = Murmur2.partition(e.user.as_bytes(), 6) as i32;
+            m.feed(p, i as i64, &serde_json::to_vec(e).unwrap_or_default());
+        }
+        let users: BTreeMap<String, UserState> = m
+            .states
+            .values()
+            .flatten()
+            .map(|(u, s)| (u.clone(), s.clone()))
+            .collect();
+        m.next_generation(4);
+        assert_eq!((m.generation, m.outputs.len()), (1, 0));
+        let mut moved = 0;
+        for (p, states) in &m.states {
+            for (u, s) in states {
+                assert_eq!(Murmur2.partition(u.as_bytes(), 4) as i32, *p);
+                assert_eq!(users.get(u), Some(s));
+                moved += 1;
+            }
+        }
+        assert_eq!(moved, users.len());
+    }
+
     fn ev(user: &str, ts_ms: i64) -> Event {
         Event {
             user: user.into(),
@@ -170,14 +269,14 @@ mod tests {
 
     #[test]
     fn sessions_split_on_the_gap_and_not_before() {
-        let a = apply(None, &ev("a", 0), 0);
-        let b = apply(Some(&a), &ev("a", SESSION_GAP_MS), 1);
+        let a = apply(None, &ev("a", 0), at(0, 0));
+        let b = apply(Some(&a), &ev("a", SESSION_GAP_MS), at(0, 1));
         assert_eq!((b.sessions, b.session_views, b.views), (1, 2, 2));
-        let c = apply(Some(&b), &ev("a", 2 * SESSION_GAP_MS + 1), 2);
+        let c = apply(Some(&b), &ev("a", 2 * SESSION_GAP_MS + 1), at(0, 2));
         assert_eq!((c.sessions, c.session_views, c.views), (2, 1, 3));
         assert_eq!(c.session_start_ms, 2 * SESSION_GAP_MS + 1);
         // A late event stays in the current session and does not move time back.
-        let d = apply(Some(&c), &ev("a", 10), 3);
+        let d = apply(Some(&c), &ev("a", 10), at(0, 3));
         assert_eq!(
             (d.sessions, d.session_views, d.last_seen_ms),
             (2, 2, c.last_seen_ms)

@@ -35,6 +35,7 @@ fn partitions_move_between_processes_and_state_stays_exact() {
         dir: dir.path().to_owned(),
         app_id: id,
         partitions: 6,
+        generation: 0,
         users: 3000,
         rate: 800,
         settle: Duration::from_secs(3),

@@ -89,6 +89,7 @@ fn config(
         dir: dir.to_owned(),
         app_id: id,
         partitions: 4,
+        generation: 0,
         users: 2000,
         rate: 500,
         settle: Duration::from_secs(3),

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use statesnap::group::recorded_position;
+use statesnap::reshard::{Murmur2, Partitioner};
 use statesnap::restore::Source;
 use statesnap::{KafkaChangelog, Repository, RocksFormat, StateHandle, StateManager};
 
@@ -117,9 +118,15 @@ pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>
     Ok(overlapping)
 }
 
-/// Compares outputs and every partition's final state with the model.
-pub async fn verify(config: &ScenarioConfig, report: &mut ScenarioReport) -> Result<()> {
-    let (model, ends) = verify_outputs(config, report)?;
+/// Feeds the input to `model` (empty, or holding the state of earlier
+/// input generations) and compares the outputs and every partition's
+/// final state with it.
+pub async fn verify(
+    config: &ScenarioConfig,
+    report: &mut ScenarioReport,
+    model: &mut Model,
+) -> Result<()> {
+    let ends = verify_outputs(config, report, model)?;
     let repo = Repository::open(&config.repo, repo_options(config)).await?;
     let manager = StateManager::builder(repo).build()?;
     let kafka = changelog_options(&config.bootstrap, config.partitions);
@@ -136,7 +143,7 @@ pub async fn verify(config: &ScenarioConfig, report: &mut ScenarioReport) -> Res
         report
             .final_opens
             .push((p, source.to_owned(), r.replay.records));
-        let states = verify_states(&handle, p, &model)?;
+        let states = verify_states(&handle, p, model)?;
         let position = recorded_position(&handle)?;
         let end = ends.get(&p).copied().unwrap_or(0);
         if end > 0 && position != Some(end) {
@@ -160,15 +167,28 @@ pub async fn verify(config: &ScenarioConfig, report: &mut ScenarioReport) -> Res
 }
 
 /// Feeds the input to the model and compares the outputs with its: each
-/// input's output, repeats identical. Returns the model and the input's
-/// end offsets.
+/// input's output, repeats identical. Returns the input's end offsets.
 fn verify_outputs(
     config: &ScenarioConfig,
     report: &mut ScenarioReport,
-) -> Result<(Model, BTreeMap<i32, i64>)> {
+    model: &mut Model,
+) -> Result<BTreeMap<i32, i64>> {
     let (input, ends) = read_topic(&config.bootstrap, &input_topic(&config.app_id))?;
-    let mut model = Model::default();
+    let partitions = u32::try_from(config.partitions)?;
     for r in &input {
+        // The feeder places each user's events as the Java client does; a
+        // reshard by the same function puts each user's state there too.
+        let key = r.key.as_deref().unwrap_or_default();
+        let expected = Murmur2.partition(key, partitions);
+        if u32::try_from(r.partition).ok() != Some(expected) {
+            return Err(format!(
+                "input record {}/{} of key {:?} is not in the partition murmur2 names ({expected})",
+                r.partition,
+                r.offset,
+                String::from_utf8_lossy(key)
+            )
+            .into());
+        }
         model.feed(r.partition, r.offset, &r.value);
     }
     report.input_records = input.len();
@@ -217,7 +237,7 @@ fn verify_outputs(
         )
         .into());
     }
-    Ok((model, ends))
+    Ok(ends)
 }
 
 /// Partition `p`'s users as the opened store holds them, compared with the

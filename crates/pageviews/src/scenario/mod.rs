@@ -1,7 +1,9 @@
 //! The moving-partitions scenario: several processes of the app share the
 //! input's partitions while input keeps flowing — two start, a third
 //! joins, one leaves gracefully, one is SIGKILLed, the first comes back —
-//! and the end result is checked against a single-process model.
+//! and the end result is checked against a single-process model. Its
+//! variants: a server outage, a kill during a handoff, and a change of the
+//! partition count through a reshard of the state ([`run_reshard`]).
 //!
 //! `pageviews scenario` runs it against a running broker and repository
 //! and prints the per-move report; the crate's integration test runs it
@@ -21,10 +23,12 @@ use statesnap::Repository;
 use crate::Result;
 use crate::app::{MoveLine, STORE, changelog_options};
 use crate::kafka::{committed_offsets, create_topics, end_offsets, group_client};
-use crate::model::events;
+use crate::model::{Model, events};
 
 mod check;
+mod reshard;
 pub use check::{check_moves, classify, table, verify};
+pub use reshard::{Generation, ReshardSummary, generation_dirs, reshard_table, run_reshard};
 
 /// What to run against.
 #[derive(Debug, Clone)]
@@ -42,6 +46,9 @@ pub struct ScenarioConfig {
     pub app_id: String,
     /// Input partitions.
     pub partitions: i32,
+    /// The input generation the processes are told (0; each reshard of
+    /// [`run_reshard`] moves to the next).
+    pub generation: u32,
     /// Distinct users.
     pub users: u64,
     /// Input events per second while the processes come and go.
@@ -106,6 +113,7 @@ impl Proc {
             .args(["--input", &input_topic(&config.app_id)])
             .args(["--output", &output_topic(&config.app_id)])
             .args(["--partitions", &config.partitions.to_string()])
+            .args(["--input-generation", &config.generation.to_string()])
             .arg("--data-dir")
             .arg(&data)
             .arg("--report")
@@ -205,7 +213,10 @@ pub fn output_topic(app_id: &str) -> String {
     format!("{app_id}-user-activity")
 }
 
-/// Feeds the input topic at a steady rate on a thread of its own.
+/// Feeds the input topic at a steady rate on a thread of its own, keyed
+/// by user and placed as the Java client places keyed records (murmur2, so
+/// that a reshard by [`statesnap::reshard::Murmur2`] puts each user's state
+/// where the user's events go).
 #[derive(Debug)]
 pub struct Feeder {
     stop: Arc<AtomicBool>,
@@ -214,10 +225,12 @@ pub struct Feeder {
 }
 
 impl Feeder {
-    /// Starts feeding `rate` events per second over `users` users.
-    pub fn start(bootstrap: &str, topic: &str, users: u64, rate: u64) -> Result<Feeder> {
+    /// Starts feeding `rate` events per second over `users` users, events
+    /// `from, from + 1, …` of the deterministic stream ([`events`]).
+    pub fn start(bootstrap: &str, topic: &str, users: u64, rate: u64, from: u64) -> Result<Feeder> {
         let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
+            .set("partitioner", "murmur2_random")
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "5")
@@ -232,7 +245,7 @@ impl Feeder {
             while !stop2.load(Ordering::Relaxed) {
                 let due = started.elapsed().as_secs_f64() * rate as f64;
                 while (i as f64) < due {
-                    let e = &events(42, users, i, 1, 1_700_000_000_000)[0];
+                    let e = &events(42, users, from + i, 1, 1_700_000_000_000)[0];
                     let payload = serde_json::to_vec(e)?;
                     let mut r = BaseRecord::to(&topic)
                         .key(e.user.as_bytes())
@@ -261,12 +274,13 @@ impl Feeder {
         })
     }
 
-    /// Events sent so far.
+    /// Events this feeder sent so far.
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
     }
 
-    /// Stops, waits until the broker has every event, returns the count.
+    /// Stops, waits until the broker has every event, returns how many this
+    /// feeder sent.
     pub fn finish(mut self) -> Result<u64> {
         self.stop.store(true, Ordering::Relaxed);
         match self.thread.take().map(std::thread::JoinHandle::join) {
@@ -368,7 +382,8 @@ struct Setup {
     all: BTreeSet<i32>,
 }
 
-fn setup(config: &ScenarioConfig) -> Result<Setup> {
+/// `from`: the first event of the stream to feed.
+fn setup(config: &ScenarioConfig, from: u64) -> Result<Setup> {
     std::fs::create_dir_all(&config.dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -376,7 +391,7 @@ fn setup(config: &ScenarioConfig) -> Result<Setup> {
         .build()?;
     runtime.block_on(prepare(config))?;
     let input = input_topic(&config.app_id);
-    let feeder = Feeder::start(&config.bootstrap, &input, config.users, config.rate)?;
+    let feeder = Feeder::start(&config.bootstrap, &input, config.users, config.rate, from)?;
     Ok(Setup {
         runtime,
         feeder,
@@ -384,15 +399,18 @@ fn setup(config: &ScenarioConfig) -> Result<Setup> {
     })
 }
 
-/// How both scenarios end: input stops, the `running` processes consume
+/// How the scenarios end: input stops, the `running` processes consume
 /// it to its end and stop gracefully, and the moves of every process (the
-/// running and the `gone` ones) and the end state are checked.
+/// running and the `gone` ones) and the end state are checked, the input
+/// fed to `model` (which holds the earlier generations' state, if any).
+/// Returns the report and how many events were fed.
 fn finish(
     config: &ScenarioConfig,
     setup: Setup,
     running: &mut [&mut Proc],
     gone: &[&Proc],
-) -> Result<ScenarioReport> {
+    model: &mut Model,
+) -> Result<(ScenarioReport, u64)> {
     eprintln!("[scenario] input stops; waiting for the group to catch up");
     let sent = setup.feeder.finish()?;
     wait_consumed(config, running, Duration::from_secs(180))?;
@@ -415,7 +433,7 @@ fn finish(
         moves,
         ..Default::default()
     };
-    setup.runtime.block_on(verify(config, &mut report))?;
+    setup.runtime.block_on(verify(config, &mut report, model))?;
     if report.input_records as u64 != sent {
         return Err(format!(
             "the input holds {} records, the feeder sent {sent}",
@@ -423,12 +441,12 @@ fn finish(
         )
         .into());
     }
-    Ok(report)
+    Ok((report, sent))
 }
 
 /// Runs the scenario and checks the result; `Err` says what failed.
 pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
-    let setup = setup(config)?;
+    let setup = setup(config, 0)?;
     let all = setup.all.clone();
     let settle = config.settle;
     let log = |what: &str| eprintln!("[scenario] {what}");
@@ -498,7 +516,8 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
     )?;
     std::thread::sleep(settle);
 
-    let mut report = finish(config, setup, &mut [&mut c, &mut a2], &[&a, &b])?;
+    let model = &mut Model::default();
+    let (mut report, _) = finish(config, setup, &mut [&mut c, &mut a2], &[&a, &b], model)?;
     report.killed = vec![b.name.clone()];
     let moves = report.moves.clone();
     report.overlapping_moves = check_moves(&moves, &b.name, &b_held)?;
@@ -532,7 +551,7 @@ pub fn run_outage(
     down_for: Duration,
     outage: &mut dyn FnMut(bool) -> Result<()>,
 ) -> Result<ScenarioReport> {
-    let setup = setup(config)?;
+    let setup = setup(config, 0)?;
     let all = setup.all.clone();
     let log = |what: &str| eprintln!("[outage] {what}");
 
@@ -552,7 +571,8 @@ pub fn run_outage(
     })?;
     std::thread::sleep(config.settle);
 
-    finish(config, setup, &mut [&mut b], &[&a])
+    let model = &mut Model::default();
+    Ok(finish(config, setup, &mut [&mut b], &[&a], model)?.0)
 }
 
 /// Starts `a` and `b` and waits until both own partitions and together
@@ -584,7 +604,7 @@ pub fn run_killed_during_handoff(
     config: &ScenarioConfig,
     after: Duration,
 ) -> Result<ScenarioReport> {
-    let setup = setup(config)?;
+    let setup = setup(config, 0)?;
     let all = setup.all.clone();
     let log = |what: &str| eprintln!("[killed-handoff] {what}");
     log("a and b start");
@@ -610,5 +630,6 @@ pub fn run_killed_during_handoff(
         },
     )?;
     std::thread::sleep(config.settle);
-    finish(config, setup, &mut [&mut b, &mut c], &[&a])
+    let model = &mut Model::default();
+    Ok(finish(config, setup, &mut [&mut b, &mut c], &[&a], model)?.0)
 }

@@ -32,16 +32,21 @@ pub fn report_or_logs<T, E: std::fmt::Display>(result: Result<T, E>, dir: &std::
     match result {
         Ok(r) => r,
         Err(e) => {
-            for name in ["a", "b", "c", "a2"] {
-                let log =
-                    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                eprintln!(
-                    "--- {name}.log (last lines, newest first)\n{}",
-                    tail.join("\n")
-                );
-            }
+            print_logs(dir);
             panic!("scenario failed: {e}");
         }
+    }
+}
+
+/// The tail of each process's log in `dir`.
+pub fn print_logs(dir: &std::path::Path) {
+    for name in ["a", "b", "c", "a2"] {
+        let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        eprintln!(
+            "--- {}/{name}.log (last lines, newest first)\n{}",
+            dir.display(),
+            tail.join("\n")
+        );
     }
 }
