@@ -31,6 +31,8 @@ struct Sizes {
     partitions: u32,
     partition_keys: u64,
     reshard_keys: u64,
+    /// `(from, to, records per key)` of each reshard measured.
+    reshard_cases: &'static [(u32, u32, u32)],
 }
 
 const FULL: Sizes = Sizes {
@@ -44,6 +46,7 @@ const FULL: Sizes = Sizes {
     partitions: 16,
     partition_keys: 250_000,
     reshard_keys: 4_000_000,
+    reshard_cases: RESHARD_CASES,
 };
 
 /// `--scale` adds this size to the series (about 1.8 GB; 4x that free).
@@ -60,7 +63,12 @@ const QUICK: Sizes = Sizes {
     partitions: 4,
     partition_keys: 5_000,
     reshard_keys: 40_000,
+    reshard_cases: RESHARD_CASES,
 };
+
+/// Split and merge with one record per key (the replay's best case), and
+/// the split with a history of 5 records per key.
+const RESHARD_CASES: &[(u32, u32, u32)] = &[(4, 8, 1), (8, 4, 1), (4, 8, 5)];
 
 /// The machine the figures come from.
 fn machine() -> serde_json::Value {
@@ -136,22 +144,34 @@ fn reshard_rows(reshard: &[ReshardCase], rows: &mut Vec<Row>) {
         let rss = r
             .peak_rss_delta
             .map_or(String::new(), |b| format!(", peak RSS +{}", out::bytes(b)));
+        let cores = |cpu: Option<f64>, wall: f64| {
+            cpu.map_or(String::new(), |c| {
+                format!(", {:.1} cores busy", c / wall.max(1e-9))
+            })
+        };
         rows.push([
             format!(
-                "reshard {} -> {} partitions, {} keys ({}) vs replaying the sources into the new layout",
+                "reshard {} -> {} partitions, {} keys ({}) x {} changelog records/key vs \
+                 replaying the sources into the new layout",
                 r.from,
                 r.to,
                 r.keys,
-                out::bytes(r.bytes)
+                out::bytes(r.bytes),
+                r.records_per_key
             ),
             format!(
-                "{} (restore {}, write {}, commit {}{rss})",
+                "{} (restore {}, write {}, commit {}{rss}{})",
                 secs(r.reshard_secs),
                 secs(r.restore_secs),
                 secs(r.write_secs),
-                secs(r.commit_secs)
+                secs(r.commit_secs),
+                cores(r.reshard_cpu_secs, r.reshard_secs)
             ),
-            format!("{} (per-key writes)", secs(r.replay_secs)),
+            format!(
+                "{} (per-key writes{})",
+                secs(r.replay_secs),
+                cores(r.replay_cpu_secs, r.replay_secs)
+            ),
             times(r.reshard_secs, r.replay_secs),
         ]);
         rows.push([
@@ -162,6 +182,16 @@ fn reshard_rows(reshard: &[ReshardCase], rows: &mut Vec<Row>) {
             secs(r.reshard_secs),
             format!("{} (1 MiB writes + fsync)", secs(r.raw_write_secs)),
             times(r.reshard_secs, r.raw_write_secs),
+        ]);
+        rows.push([
+            format!(
+                "reshard {} -> {}: the sources' state read once, in key order (the floor of \
+                 any reshard)",
+                r.from, r.to
+            ),
+            secs(r.reshard_secs),
+            format!("{} (scan only)", secs(r.source_scan_secs)),
+            times(r.reshard_secs, r.source_scan_secs),
         ]);
     }
 }
@@ -541,14 +571,14 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
     let (replay, backup, delta) = measure_snapshots(sizes, dir, out).await?;
     let (throughput, scale, partitions) = measure_runtime(a, sizes, dir, out).await?;
     let mut reshard = Vec::new();
-    for (from, to) in [(4, 8), (8, 4)] {
+    for &(from, to, history) in sizes.reshard_cases {
         let sp = out.spinner(&format!(
-            "reshard {from} -> {to} partitions vs replay: {} keys",
+            "reshard {from} -> {to} partitions vs replay: {} keys x {history} records",
             sizes.reshard_keys
         ));
-        reshard.push(
-            bench::reshard_vs_replay(&dir.join("reshard"), sizes.reshard_keys, from, to).await?,
-        );
+        let dir = dir.join("reshard");
+        let keys = sizes.reshard_keys;
+        reshard.push(bench::reshard_vs_replay(&dir, keys, history, from, to).await?);
         sp.finish_and_clear();
     }
     let m = Measured {

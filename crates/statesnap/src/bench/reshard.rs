@@ -19,6 +19,7 @@ use crate::format::rocks::RocksFormat;
 use crate::repo::{Repository, StoreKey};
 use crate::reshard::{Murmur2, Partitioner, ReshardOptions, SourcePartition, TargetPartition};
 use crate::snapshot::commit_snapshot;
+use crate::store::StateStoreExt;
 use crate::store::logged::LoggedStore;
 use crate::store::rocks::RocksStore;
 
@@ -31,6 +32,9 @@ const COMMIT_EVERY: u64 = 1_000;
 pub struct ReshardCase {
     /// Live keys.
     pub keys: u64,
+    /// Changelog records per key in the sources (each key written this
+    /// many times; the last value is the state).
+    pub records_per_key: u32,
     /// Source partitions.
     pub from: u32,
     /// Target partitions.
@@ -54,10 +58,20 @@ pub struct ReshardCase {
     /// Writing `bytes` once, sequentially, in 1 MiB blocks, then fsync
     /// (the floor: what the disk does with the same bytes).
     pub raw_write_secs: f64,
+    /// Reading every source store once, in key order, doing nothing with
+    /// the entries (the floor of any reshard that reads the sources'
+    /// state: the reshard's merge does this and more).
+    pub source_scan_secs: f64,
     /// Peak resident memory during the reshard above what the process held
     /// before it (`VmHWM` after resetting it, minus `VmRSS` before), bytes;
     /// `None` where `/proc` does not say.
     pub peak_rss_delta: Option<u64>,
+    /// CPU time (user + system, every thread) the process spent during the
+    /// reshard; over `reshard_secs`, how many cores it kept busy. `None`
+    /// where `/proc` does not say.
+    pub reshard_cpu_secs: Option<f64>,
+    /// The same during the replay.
+    pub replay_cpu_secs: Option<f64>,
 }
 
 impl ReshardCase {
@@ -91,13 +105,20 @@ fn keys_of(app: &str, n: u32) -> Result<Vec<StoreKey>> {
 }
 
 /// Builds `from` source partitions of `keys` keys under `dir` (each key
-/// written once, placed by murmur2, snapshotted), measures both ways of
-/// moving them into `to` partitions and the raw write, and removes `dir`.
-pub async fn reshard_vs_replay(dir: &Path, keys: u64, from: u32, to: u32) -> Result<ReshardCase> {
+/// written `records_per_key` times, placed by murmur2, every partition
+/// snapshotted), measures both ways of moving them into `to` partitions
+/// and the raw write, and removes `dir`.
+pub async fn reshard_vs_replay(
+    dir: &Path,
+    keys: u64,
+    records_per_key: u32,
+    from: u32,
+    to: u32,
+) -> Result<ReshardCase> {
     remove(dir)?;
     let repo = local_repo(&dir.join("repo")).await?;
     let sources = keys_of("src", from)?;
-    let logs = build_sources(dir, &repo, &sources, keys).await?;
+    let logs = build_sources(dir, &repo, &sources, keys, records_per_key).await?;
 
     let targets = keys_of("dst", to)?;
     let target_logs = targets
@@ -109,6 +130,7 @@ pub async fn reshard_vs_replay(dir: &Path, keys: u64, from: u32, to: u32) -> Res
     let format = RocksFormat::new(bench_options());
     let baseline = rss("VmRSS");
     reset_peak_rss();
+    let cpu = cpu_secs();
     let started = Instant::now();
     let report = crate::reshard::reshard(
         &repo,
@@ -121,6 +143,7 @@ pub async fn reshard_vs_replay(dir: &Path, keys: u64, from: u32, to: u32) -> Res
     )
     .await?;
     let reshard = started.elapsed();
+    let reshard_cpu_secs = cpu_secs().zip(cpu).map(|(b, a)| b - a);
     let peak_rss_delta = rss("VmHWM").zip(baseline).map(|(p, b)| p.saturating_sub(b));
     if report.keys != keys {
         return Err(Error::internal(format!(
@@ -131,11 +154,15 @@ pub async fn reshard_vs_replay(dir: &Path, keys: u64, from: u32, to: u32) -> Res
     drop((src, dst));
     drop(target_logs);
 
-    let replay = replay_into_new_layout(dir, &logs, to, keys)?;
+    let cpu = cpu_secs();
+    let replay = replay_into_new_layout(dir, &logs, to, keys * u64::from(records_per_key))?;
+    let replay_cpu_secs = cpu_secs().zip(cpu).map(|(b, a)| b - a);
     let raw = raw_write(&dir.join("raw"), report.bytes)?;
+    let scan = scan_sources(dir, &sources, keys)?;
     remove(dir)?;
     Ok(ReshardCase {
         keys,
+        records_per_key,
         from,
         to,
         bytes: report.bytes,
@@ -145,17 +172,22 @@ pub async fn reshard_vs_replay(dir: &Path, keys: u64, from: u32, to: u32) -> Res
         commit_secs: report.commit_time.as_secs_f64(),
         replay_secs: replay.as_secs_f64(),
         raw_write_secs: raw.as_secs_f64(),
+        source_scan_secs: scan.as_secs_f64(),
         peak_rss_delta,
+        reshard_cpu_secs,
+        replay_cpu_secs,
     })
 }
 
-/// The sources: each key written once into the partition murmur2 names,
-/// through a `LoggedStore` on RocksDB, then a snapshot of every partition.
+/// The sources: each key written `records_per_key` times (in rounds over
+/// every key) into the partition murmur2 names, through a `LoggedStore` on
+/// RocksDB, then a snapshot of every partition.
 async fn build_sources(
     dir: &Path,
     repo: &Repository,
     sources: &[StoreKey],
     keys: u64,
+    records_per_key: u32,
 ) -> Result<Vec<FileChangelog>> {
     let n = u32::try_from(sources.len()).unwrap_or(u32::MAX);
     let mut writers = Vec::with_capacity(sources.len());
@@ -163,11 +195,13 @@ async fn build_sources(
         let store = RocksStore::open(dir.join(format!("src-{k}")), &bench_options())?;
         writers.push(LoggedStore::new(store, open_log(dir, k)?)?);
     }
-    for i in 0..keys {
+    let records = keys * u64::from(records_per_key.max(1));
+    for r in 0..records {
+        let i = r % keys.max(1);
         let k = key(i);
         let p = Murmur2.partition(&k, n) as usize;
-        writers[p].put(k, value(i));
-        if i % COMMIT_EVERY == COMMIT_EVERY - 1 {
+        writers[p].put(k, value(r));
+        if r % COMMIT_EVERY == COMMIT_EVERY - 1 {
             for w in &mut writers {
                 w.commit()?;
             }
@@ -189,12 +223,12 @@ async fn build_sources(
 
 /// Today's alternative, timed: each source changelog replayed from its
 /// start into `to` new stores, every record through a `LoggedStore` (its
-/// new changelog first, then RocksDB).
+/// new changelog first, then RocksDB). `records`: how many the logs hold.
 fn replay_into_new_layout(
     dir: &Path,
     logs: &[FileChangelog],
     to: u32,
-    keys: u64,
+    records: u64,
 ) -> Result<Duration> {
     let targets = keys_of("replay", to)?;
     let started = Instant::now();
@@ -234,9 +268,33 @@ fn replay_into_new_layout(
         w.store().flush()?;
     }
     let took = started.elapsed();
-    if moved != keys {
+    if moved != records {
         return Err(Error::internal(format!(
-            "bench: the replay moved {moved} of {keys} records"
+            "bench: the replay moved {moved} of {records} records"
+        )));
+    }
+    Ok(took)
+}
+
+/// Every source store read once in key order (as the reshard's restore
+/// left them: the writers' stores, flushed), timed.
+fn scan_sources(dir: &Path, sources: &[StoreKey], keys: u64) -> Result<Duration> {
+    let stores = sources
+        .iter()
+        .map(|k| RocksStore::open(dir.join(format!("src-{k}")), &bench_options()))
+        .collect::<Result<Vec<_>>>()?;
+    let started = Instant::now();
+    let mut seen = 0u64;
+    for s in &stores {
+        for kv in s.iter()? {
+            kv?;
+            seen += 1;
+        }
+    }
+    let took = started.elapsed();
+    if seen != keys {
+        return Err(Error::internal(format!(
+            "bench: the scan saw {seen} of {keys} keys"
         )));
     }
     Ok(took)
@@ -266,6 +324,18 @@ fn rss(field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// CPU time of this process so far (user + system, every thread), from
+/// `/proc/self/stat` (clock ticks of 1/100 s, Linux's `USER_HZ`).
+fn cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name, which may hold spaces, in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime: fields 14 and 15 of the line, 12 and 13 here.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
 }
 
 /// Resets the peak resident set (`VmHWM`) to the current one (Linux).

@@ -15,7 +15,7 @@
 //! two); each target holds exactly the keys placed in it, with the values
 //! the sources hold; its changelog holds one put per key, so replaying that
 //! log gives the same state as its snapshot. Each target's logical digest
-//! is computed as it is placed and checked again against the digest its
+//! is computed as its store is loaded and checked again against the digest its
 //! snapshot's format computes from the committed cut; the report carries
 //! their union, the digest of the whole moved state. `docs/reshard.md` has
 //! the whole argument and what the operator does with the input topic.
@@ -561,7 +561,7 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
             ensure_follows(&mut store, &ChangelogBinding::of(t.changelog)?)?;
             stores.push(store);
         }
-        let (tx, rx) = std::sync::mpsc::sync_channel(target::LOAD_QUEUE);
+        let (channel, loader_end) = target::channel();
         let (placed, loaded) = std::thread::scope(|scope| {
             let loaders = match stores
                 .iter_mut()
@@ -569,10 +569,10 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
                 .collect::<Result<Vec<_>>>()
             {
                 Ok(l) => l,
-                Err(e) => return (Err(e), Ok(())),
+                Err(e) => return (Err(e), Ok(Vec::new())),
             };
-            let loader = scope.spawn(move || target::load(loaders, rx));
-            let placed = self.place(restored, tx);
+            let loader = scope.spawn(move || target::load(loaders, loader_end));
+            let placed = self.place(restored, channel);
             let loaded = loader
                 .join()
                 .unwrap_or_else(|_| Err(Error::internal("the store loader panicked")));
@@ -580,8 +580,11 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
         });
         // The loader's error first: placing fails with "loader stopped"
         // because of it.
-        loaded?;
-        let (sources, targets) = placed?;
+        let digests = loaded?;
+        let (sources, mut targets) = placed?;
+        for (t, d) in targets.iter_mut().zip(digests) {
+            t.digest = d;
+        }
         Ok((sources, targets, stores))
     }
 
@@ -590,11 +593,11 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
     fn place(
         &self,
         restored: &[(SF::Store, RestoreReport)],
-        tx: std::sync::mpsc::SyncSender<target::Load>,
+        channel: target::Channel,
     ) -> Result<(Vec<SourceReport>, Vec<TargetReport>)> {
         let mut writers = Vec::with_capacity(self.targets.len());
         for (j, t) in self.targets.iter().enumerate() {
-            let sink = target::LoadSink::new(j, tx.clone());
+            let sink = target::LoadSink::new(j, &channel);
             writers.push(TargetWriter::new(t, sink, self.options.resume)?);
         }
         let names: Vec<String> = self
@@ -648,7 +651,9 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
         for w in writers {
             target_reports.push(w.finish()?);
         }
-        tx.send(target::Load::Finish)
+        channel
+            .tx
+            .send(target::Load::Finish)
             .map_err(|_| Error::internal("the store loader stopped"))?;
         if let Some(p) = &self.options.progress {
             let mut g = p.per_target.lock().unwrap_or_else(|e| e.into_inner());

@@ -4,6 +4,7 @@
 //! fed batches in key order: the two halves of the work run side by side.
 
 use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
@@ -20,38 +21,120 @@ const LOAD_BATCH: usize = 4_096;
 /// waits rather than buffering the state in memory).
 pub(super) const LOAD_QUEUE: usize = 16;
 
+/// Entries of one target, in key order, copied into one buffer: the
+/// placing thread allocates nothing per entry, and frees its keys and
+/// values itself (freeing them on the loader thread cost more than
+/// placing them). Batches go back to the placing thread to be reused.
+#[derive(Default)]
+pub(super) struct Batch {
+    target: usize,
+    data: Vec<u8>,
+    /// `(key length, value length, changelog offset)` of each entry, in
+    /// the order of `data`.
+    entries: Vec<(u32, u32, u64)>,
+}
+
+impl Batch {
+    fn push(&mut self, key: &[u8], value: &[u8], offset: u64) -> Result<()> {
+        let (Ok(k), Ok(v)) = (u32::try_from(key.len()), u32::try_from(value.len())) else {
+            return Err(Error::config(format!(
+                "an entry too large to reshard key_bytes={} value_bytes={}",
+                key.len(),
+                value.len()
+            )));
+        };
+        self.data.extend_from_slice(key);
+        self.data.extend_from_slice(value);
+        self.entries.push((k, v, offset));
+        Ok(())
+    }
+
+    fn for_each(&self, mut f: impl FnMut(&[u8], &[u8], u64) -> Result<()>) -> Result<()> {
+        let mut at = 0usize;
+        for &(k, v, offset) in &self.entries {
+            let (k, v) = (k as usize, v as usize);
+            let key = &self.data[at..at + k];
+            let value = &self.data[at + k..at + k + v];
+            f(key, value, offset)?;
+            at += k + v;
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.data.clear();
+        self.entries.clear();
+    }
+}
+
 /// What the loader thread receives.
 pub(super) enum Load {
-    /// Entries for target `.0`, in key order, with their changelog offsets.
-    Batch(usize, Vec<(Bytes, Bytes, u64)>),
+    /// Entries for target `batch.target`, in key order.
+    Batch(Batch),
     /// Everything was sent: finish every loader.
     Finish,
 }
 
-/// The loader thread: feeds each batch to its target's loader and, once
-/// told everything was sent, finishes them all. A channel closed without
-/// [`Load::Finish`] (placing failed) leaves the stores unfinished: they are
-/// discarded.
-pub(super) fn load(mut loaders: Vec<Box<dyn BulkLoader + '_>>, rx: Receiver<Load>) -> Result<()> {
-    for msg in rx {
+/// The channels between the placing thread and the loader thread: batches
+/// one way, emptied batches back.
+pub(super) struct Channel {
+    pub(super) tx: SyncSender<Load>,
+    free: Arc<Mutex<Receiver<Batch>>>,
+}
+
+/// The loader thread's end of the [`Channel`].
+pub(super) struct LoaderEnd {
+    rx: Receiver<Load>,
+    free: SyncSender<Batch>,
+}
+
+/// A new channel pair.
+pub(super) fn channel() -> (Channel, LoaderEnd) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(LOAD_QUEUE);
+    let (free_tx, free_rx) = std::sync::mpsc::sync_channel(LOAD_QUEUE + 1);
+    (
+        Channel {
+            tx,
+            free: Arc::new(Mutex::new(free_rx)),
+        },
+        LoaderEnd { rx, free: free_tx },
+    )
+}
+
+/// The loader thread: feeds each batch to its target's loader, computing
+/// each target's logical digest over exactly what it loads, and, once told
+/// everything was sent, finishes them all and returns the digests. A
+/// channel closed without [`Load::Finish`] (placing failed) leaves the
+/// stores unfinished: they are discarded.
+pub(super) fn load(
+    mut loaders: Vec<Box<dyn BulkLoader + '_>>,
+    end: LoaderEnd,
+) -> Result<Vec<LogicalDigest>> {
+    let mut digests = vec![LogicalDigest::new(); loaders.len()];
+    for msg in end.rx {
         match msg {
-            Load::Batch(j, batch) => {
-                let loader = loaders
-                    .get_mut(j)
-                    .ok_or_else(|| Error::internal(format!("no loader for target {j}")))?;
-                for (k, v, offset) in &batch {
-                    loader.put(k, v, *offset)?;
-                }
+            Load::Batch(mut batch) => {
+                let j = batch.target;
+                let (Some(loader), Some(digest)) = (loaders.get_mut(j), digests.get_mut(j)) else {
+                    return Err(Error::internal(format!("no loader for target {j}")));
+                };
+                batch.for_each(|k, v, offset| {
+                    digest.add(k, v);
+                    loader.put(k, v, offset)
+                })?;
+                batch.clear();
+                // Back for reuse; dropped when the placing thread has enough.
+                let _ = end.free.try_send(batch);
             }
             Load::Finish => {
                 for l in loaders {
                     l.finish()?;
                 }
-                return Ok(());
+                return Ok(digests);
             }
         }
     }
-    Ok(())
+    Ok(digests)
 }
 
 /// Where a [`TargetWriter`] sends its entries: target `target`'s batches
@@ -59,33 +142,53 @@ pub(super) fn load(mut loaders: Vec<Box<dyn BulkLoader + '_>>, rx: Receiver<Load
 pub(super) struct LoadSink {
     target: usize,
     tx: SyncSender<Load>,
-    batch: Vec<(Bytes, Bytes, u64)>,
+    free: Arc<Mutex<Receiver<Batch>>>,
+    batch: Batch,
 }
 
 impl LoadSink {
-    pub(super) fn new(target: usize, tx: SyncSender<Load>) -> Self {
-        LoadSink {
+    pub(super) fn new(target: usize, channel: &Channel) -> Self {
+        let mut sink = LoadSink {
             target,
-            tx,
-            batch: Vec::with_capacity(LOAD_BATCH),
-        }
+            tx: channel.tx.clone(),
+            free: Arc::clone(&channel.free),
+            batch: Batch::default(),
+        };
+        sink.batch = sink.fresh_batch();
+        sink
     }
 
-    fn put(&mut self, key: Bytes, value: Bytes, offset: u64) -> Result<()> {
-        self.batch.push((key, value, offset));
-        if self.batch.len() >= LOAD_BATCH {
+    /// An emptied batch back from the loader thread, or a new one.
+    fn fresh_batch(&self) -> Batch {
+        let reused = match self.free.lock() {
+            Ok(free) => free.try_recv().ok(),
+            Err(_) => None,
+        };
+        let mut batch = reused.unwrap_or_else(|| Batch {
+            target: self.target,
+            data: Vec::with_capacity(LOAD_BATCH * 128),
+            entries: Vec::with_capacity(LOAD_BATCH),
+        });
+        batch.target = self.target;
+        batch
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8], offset: u64) -> Result<()> {
+        self.batch.push(key, value, offset)?;
+        if self.batch.entries.len() >= LOAD_BATCH {
             self.flush()?;
         }
         Ok(())
     }
 
     fn flush(&mut self) -> Result<()> {
-        if self.batch.is_empty() {
+        if self.batch.entries.is_empty() {
             return Ok(());
         }
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(LOAD_BATCH));
+        let fresh = self.fresh_batch();
+        let batch = std::mem::replace(&mut self.batch, fresh);
         self.tx
-            .send(Load::Batch(self.target, batch))
+            .send(Load::Batch(batch))
             .map_err(|_| Error::internal("the store loader stopped"))
     }
 }
@@ -99,7 +202,6 @@ pub(super) struct TargetWriter<'t> {
     existing: Option<Box<dyn ChangelogReader + 't>>,
     existing_batch: std::collections::VecDeque<LoggedRecord>,
     pending: Vec<Record>,
-    digest: LogicalDigest,
     pub(super) keys: u64,
     bytes: u64,
     pub(super) last_bytes: u64,
@@ -126,7 +228,6 @@ impl<'t> TargetWriter<'t> {
             existing,
             existing_batch: Default::default(),
             pending: Vec::with_capacity(APPEND_BATCH),
-            digest: LogicalDigest::new(),
             keys: 0,
             bytes: 0,
             last_bytes: 0,
@@ -156,7 +257,6 @@ impl<'t> TargetWriter<'t> {
     }
 
     pub(super) fn put(&mut self, key: Bytes, value: Bytes) -> Result<()> {
-        self.digest.add(&key, &value);
         self.keys += 1;
         self.last_bytes = (key.len() + value.len()) as u64;
         self.bytes += self.last_bytes;
@@ -166,7 +266,7 @@ impl<'t> TargetWriter<'t> {
             if found.key != key || found.value.as_ref() != Some(&value) {
                 return Err(self.not_ours(found.offset));
             }
-            self.sink.put(key, value, found.offset)?;
+            self.sink.put(&key, &value, found.offset)?;
             self.last_offset = Some(found.offset);
             self.resumed += 1;
             return Ok(());
@@ -195,8 +295,8 @@ impl<'t> TargetWriter<'t> {
         self.appended += self.pending.len() as u64;
         self.last_offset = offsets.last().copied().or(self.last_offset);
         for (r, offset) in self.pending.drain(..).zip(offsets) {
-            if let Some(v) = r.value {
-                self.sink.put(r.key, v, offset)?;
+            if let Some(v) = &r.value {
+                self.sink.put(&r.key, v, offset)?;
             }
         }
         Ok(())
@@ -232,7 +332,8 @@ impl<'t> TargetWriter<'t> {
             appended: self.appended,
             resumed: self.resumed,
             last_offset: self.last_offset,
-            digest: self.digest,
+            // Filled in from the loader thread's count of what it loaded.
+            digest: LogicalDigest::new(),
             snapshot: None,
             snapshot_reused: false,
             replay_verified: false,
