@@ -360,6 +360,34 @@ fn remove_bulk_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io(format!("cannot remove path=`{}`", dir.display()), e))
 }
 
+/// Bytes of scanned entries copied per shared buffer.
+const SCAN_ARENA_BYTES: usize = 16 << 10;
+
+/// Where a scan copies its entries: one shared buffer for many keys and
+/// values instead of two allocations per entry (a whole-store scan of
+/// small entries spent a quarter of its time in the allocator). Each
+/// entry holds a reference to its buffer, which is freed with the last
+/// entry: an entry kept long after the scan keeps its buffer (at most
+/// [`SCAN_ARENA_BYTES`], or the entry's size) alive.
+#[derive(Default)]
+struct ScanArena {
+    buf: bytes::BytesMut,
+}
+
+impl ScanArena {
+    fn copy(&mut self, key: &[u8], value: &[u8]) -> (Bytes, Bytes) {
+        let need = key.len() + value.len();
+        if self.buf.capacity() - self.buf.len() < need {
+            self.buf = bytes::BytesMut::with_capacity(need.max(SCAN_ARENA_BYTES));
+        }
+        self.buf.extend_from_slice(key);
+        let key = self.buf.split().freeze();
+        self.buf.extend_from_slice(value);
+        let value = self.buf.split().freeze();
+        (key, value)
+    }
+}
+
 /// Reads `key` from `db`'s metadata column family.
 fn read_meta(db: &DB, path: &Path, key: &[u8]) -> Result<Option<Vec<u8>>> {
     let cf = db.cf_handle(META_CF).ok_or_else(|| {
@@ -442,6 +470,7 @@ impl StateStore for RocksStore {
         };
         let path = self.path.clone();
         let mut done = false;
+        let mut arena = ScanArena::default();
         let iter = std::iter::from_fn(move || {
             if done {
                 return None;
@@ -464,7 +493,7 @@ impl StateStore for RocksStore {
                     done = true;
                     return None;
                 }
-                let kv = (Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
+                let kv = arena.copy(k, v);
                 it.next();
                 return Some(Ok(kv));
             }
@@ -570,6 +599,34 @@ impl StateStore for RocksStore {
 mod tests {
     use super::*;
     use crate::store::StateStoreExt;
+
+    #[test]
+    fn a_scan_copies_entries_of_any_size_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = RocksStore::open(dir.path(), &RocksOptions::default()).unwrap();
+        // Small entries fill several shared buffers; some are larger than
+        // one buffer, and some empty.
+        let records: Vec<Record> = (0..2_000u32)
+            .map(|i| {
+                let len = match i % 100 {
+                    0 => SCAN_ARENA_BYTES * 2 + 7,
+                    1 => 0,
+                    _ => (i % 37) as usize,
+                };
+                Record::put(format!("k{i:05}"), vec![(i % 251) as u8; len])
+            })
+            .collect();
+        s.apply(&records, 1).unwrap();
+        let all: Vec<_> = s.iter().unwrap().map(|r| r.unwrap()).collect();
+        assert_eq!(all.len(), records.len());
+        for ((k, v), r) in all.iter().zip(&records) {
+            assert_eq!(k, &r.key);
+            assert_eq!(Some(v), r.value.as_ref());
+        }
+        // Entries outlive the scan (and the store).
+        drop(s);
+        assert_eq!(all[0].1.len(), SCAN_ARENA_BYTES * 2 + 7);
+    }
 
     #[test]
     fn offset_survives_reopen_with_data() {
