@@ -70,15 +70,8 @@ enum Cmd {
     /// Runs the moving-partitions scenario (processes join, leave, are
     /// killed while input flows) and checks the result against a model.
     Scenario {
-        /// Kafka bootstrap servers.
-        #[arg(long, env = "STATESNAP_TEST_KAFKA_BOOTSTRAP")]
-        bootstrap: String,
-        /// Repository URL (a prefix of its own is used under it).
-        #[arg(long, env = "STATESNAP_TEST_S3_URL")]
-        repo: String,
-        /// Working directory (default: a new temporary one).
-        #[arg(long)]
-        dir: Option<PathBuf>,
+        #[command(flatten)]
+        servers: Servers,
         /// Input partitions.
         #[arg(long, default_value_t = 6)]
         partitions: i32,
@@ -94,15 +87,8 @@ enum Cmd {
     /// moves to a new topic with that count and the group carries on (each
     /// generation checked against one model of the whole history).
     Reshard {
-        /// Kafka bootstrap servers.
-        #[arg(long, env = "STATESNAP_TEST_KAFKA_BOOTSTRAP")]
-        bootstrap: String,
-        /// Repository URL (a prefix of its own is used under it).
-        #[arg(long, env = "STATESNAP_TEST_S3_URL")]
-        repo: String,
-        /// Working directory (default: a new temporary one).
-        #[arg(long)]
-        dir: Option<PathBuf>,
+        #[command(flatten)]
+        servers: Servers,
         /// The partition counts, one generation each.
         #[arg(long, value_delimiter = ',', default_value = "6,12,4")]
         layout: Vec<i32>,
@@ -115,19 +101,64 @@ enum Cmd {
     },
     /// Time to ready of a moved partition: handoff snapshot vs full replay.
     Bench {
-        /// Kafka bootstrap servers.
-        #[arg(long, env = "STATESNAP_TEST_KAFKA_BOOTSTRAP")]
-        bootstrap: String,
-        /// Repository URL (a prefix of its own is used under it).
-        #[arg(long, env = "STATESNAP_TEST_S3_URL")]
-        repo: String,
+        #[command(flatten)]
+        servers: Servers,
         /// Keys in the partition.
         #[arg(long, default_value_t = 1_000_000)]
         keys: u64,
-        /// Scratch directory (default: a new temporary one).
-        #[arg(long)]
-        dir: Option<PathBuf>,
     },
+}
+
+/// The servers a scenario or bench runs against, and where it works.
+#[derive(clap::Args, Debug)]
+struct Servers {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "STATESNAP_TEST_KAFKA_BOOTSTRAP")]
+    bootstrap: String,
+    /// Repository URL (a prefix of its own is used under it).
+    #[arg(long, env = "STATESNAP_TEST_S3_URL")]
+    repo: String,
+    /// Working directory (default: a new temporary one).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+impl Servers {
+    /// A run under a fresh id starting with `prefix`: the id, the
+    /// repository prefix of its own, and the working directory.
+    fn run(self, prefix: &str) -> (String, String, PathBuf) {
+        let id = run_id(prefix);
+        let repo = format!("{}/{id}", self.repo.trim_end_matches('/'));
+        let dir = self.dir.unwrap_or_else(|| std::env::temp_dir().join(&id));
+        (id, repo, dir)
+    }
+
+    /// A scenario of 3 000 users on `partitions` partitions.
+    fn scenario(
+        self,
+        prefix: &str,
+        partitions: i32,
+        rate: u64,
+        settle_secs: u64,
+    ) -> pageviews::Result<scenario::ScenarioConfig> {
+        let bootstrap = self.bootstrap.clone();
+        let (app_id, repo, dir) = self.run(prefix);
+        eprintln!("scenario `{app_id}` in {}", dir.display());
+        Ok(scenario::ScenarioConfig {
+            bin: std::env::current_exe()?,
+            bootstrap,
+            repo,
+            dir,
+            app_id,
+            partitions,
+            generation: 0,
+            users: 3000,
+            rate,
+            settle: Duration::from_secs(settle_secs),
+            session_timeout: Duration::from_secs(6),
+            env: Vec::new(),
+        })
+    }
 }
 
 fn main() {
@@ -155,13 +186,6 @@ fn ulid_like() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     format!("{t:x}{:x}", std::process::id())
-}
-
-fn scratch(dir: Option<PathBuf>, name: &str) -> pageviews::Result<PathBuf> {
-    match dir {
-        Some(d) => Ok(d),
-        None => Ok(std::env::temp_dir().join(name)),
-    }
 }
 
 fn run(cli: Cli) -> pageviews::Result<()> {
@@ -201,30 +225,12 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             Arc::new(AtomicBool::new(false)),
         ),
         Cmd::Scenario {
-            bootstrap,
-            repo,
-            dir,
+            servers,
             partitions,
             rate,
             settle_secs,
         } => {
-            let id = run_id("pv");
-            let dir = scratch(dir, &id)?;
-            let config = scenario::ScenarioConfig {
-                bin: std::env::current_exe()?,
-                bootstrap,
-                repo: format!("{}/{id}", repo.trim_end_matches('/')),
-                dir,
-                app_id: id,
-                partitions,
-                generation: 0,
-                users: 3000,
-                rate,
-                settle: Duration::from_secs(settle_secs),
-                session_timeout: Duration::from_secs(6),
-                env: Vec::new(),
-            };
-            eprintln!("scenario `{}` in {}", config.app_id, config.dir.display());
+            let config = servers.scenario("pv", partitions, rate, settle_secs)?;
             let report = scenario::run(&config)?;
             println!("{}", scenario::table(&report));
             println!(
@@ -233,9 +239,7 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             Ok(())
         }
         Cmd::Reshard {
-            bootstrap,
-            repo,
-            dir,
+            servers,
             layout,
             rate,
             settle_secs,
@@ -243,27 +247,7 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             if layout.len() < 2 || layout.iter().any(|p| *p < 1) {
                 return Err("--layout needs two or more partition counts, each at least 1".into());
             }
-            let id = run_id("pvr");
-            let dir = scratch(dir, &id)?;
-            let config = scenario::ScenarioConfig {
-                bin: std::env::current_exe()?,
-                bootstrap,
-                repo: format!("{}/{id}", repo.trim_end_matches('/')),
-                dir,
-                app_id: id,
-                partitions: layout[0],
-                generation: 0,
-                users: 3000,
-                rate,
-                settle: Duration::from_secs(settle_secs),
-                session_timeout: Duration::from_secs(6),
-                env: Vec::new(),
-            };
-            eprintln!(
-                "reshard scenario `{}` in {}",
-                config.app_id,
-                config.dir.display()
-            );
+            let config = servers.scenario("pvr", layout[0], rate, settle_secs)?;
             let generations = scenario::run_reshard(&config, &layout)?;
             println!("{}", scenario::reshard_table(&generations));
             println!(
@@ -272,20 +256,15 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             );
             Ok(())
         }
-        Cmd::Bench {
-            bootstrap,
-            repo,
-            keys,
-            dir,
-        } => {
-            let id = run_id("pvbench");
-            let dir = scratch(dir, &id)?;
+        Cmd::Bench { servers, keys } => {
+            let bootstrap = servers.bootstrap.clone();
+            let (app_id, repo, dir) = servers.run("pvbench");
             let runtime = tokio::runtime::Runtime::new()?;
             let result = runtime.block_on(bench::handoff(&bench::HandoffConfig {
                 bootstrap,
-                repo: format!("{}/{id}", repo.trim_end_matches('/')),
+                repo,
                 dir: dir.clone(),
-                app_id: id,
+                app_id,
                 keys,
             }))?;
             println!("{result}");

@@ -6,10 +6,8 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{env_or_skip, report_or_logs, unique};
-use pageviews::scenario::{self, ScenarioConfig};
+use common::{report_or_logs, scenario_config, servers};
+use pageviews::scenario;
 
 /// Two processes share 6 partitions; a third joins; one leaves gracefully;
 /// one is SIGKILLed; the first comes back; input flows throughout. The
@@ -19,29 +17,11 @@ use pageviews::scenario::{self, ScenarioConfig};
 /// from a snapshot (not a full replay).
 #[test]
 fn partitions_move_between_processes_and_state_stays_exact() {
-    let Some(bootstrap) = env_or_skip("STATESNAP_TEST_KAFKA_BOOTSTRAP", "STATESNAP_REQUIRE_KAFKA")
-    else {
-        return;
-    };
-    let Some(repo) = env_or_skip("STATESNAP_TEST_S3_URL", "STATESNAP_REQUIRE_S3") else {
+    let Some((bootstrap, repo)) = servers() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let id = unique("pvt");
-    let config = ScenarioConfig {
-        bin: env!("CARGO_BIN_EXE_pageviews").into(),
-        bootstrap,
-        repo: format!("{}/{id}", repo.trim_end_matches('/')),
-        dir: dir.path().to_owned(),
-        app_id: id,
-        partitions: 6,
-        generation: 0,
-        users: 3000,
-        rate: 800,
-        settle: Duration::from_secs(3),
-        session_timeout: Duration::from_secs(6),
-        env: Vec::new(),
-    };
+    let config = scenario_config("pvt", bootstrap, &repo, dir.path(), 6);
     let report = report_or_logs(scenario::run(&config), dir.path());
     println!("{}", scenario::table(&report));
     // What the scenario checked, visible here too.

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{env_or_skip, report_or_logs, unique};
+use common::{env_or_skip, report_or_logs, scenario_config};
 use pageviews::scenario::{self, ScenarioConfig};
 
 fn free_port() -> u16 {
@@ -81,20 +81,11 @@ fn config(
     repo: &str,
     env: Vec<(String, String)>,
 ) -> ScenarioConfig {
-    let id = unique("pvo");
     ScenarioConfig {
-        bin: env!("CARGO_BIN_EXE_pageviews").into(),
-        bootstrap,
-        repo: format!("{}/{id}", repo.trim_end_matches('/')),
-        dir: dir.to_owned(),
-        app_id: id,
-        partitions: 4,
-        generation: 0,
         users: 2000,
         rate: 500,
-        settle: Duration::from_secs(3),
-        session_timeout: Duration::from_secs(6),
         env,
+        ..scenario_config("pvo", bootstrap, repo, dir, 4)
     }
 }
 

@@ -8,10 +8,8 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{env_or_skip, print_logs, unique};
-use pageviews::scenario::{self, ScenarioConfig};
+use common::{print_logs, scenario_config, servers};
+use pageviews::scenario;
 
 /// 6 → 12 → 4 partitions. The scenario fails unless every reshard moved
 /// exactly the model's users, each into the partition murmur2 names for
@@ -21,30 +19,12 @@ use pageviews::scenario::{self, ScenarioConfig};
 /// generation's input in turn.
 #[test]
 fn the_partition_count_changes_and_state_stays_exact() {
-    let Some(bootstrap) = env_or_skip("STATESNAP_TEST_KAFKA_BOOTSTRAP", "STATESNAP_REQUIRE_KAFKA")
-    else {
-        return;
-    };
-    let Some(repo) = env_or_skip("STATESNAP_TEST_S3_URL", "STATESNAP_REQUIRE_S3") else {
+    let Some((bootstrap, repo)) = servers() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let id = unique("pvr");
     let layout = [6, 12, 4];
-    let config = ScenarioConfig {
-        bin: env!("CARGO_BIN_EXE_pageviews").into(),
-        bootstrap,
-        repo: format!("{}/{id}", repo.trim_end_matches('/')),
-        dir: dir.path().to_owned(),
-        app_id: id,
-        partitions: layout[0],
-        generation: 0,
-        users: 3000,
-        rate: 800,
-        settle: Duration::from_secs(3),
-        session_timeout: Duration::from_secs(6),
-        env: Vec::new(),
-    };
+    let config = scenario_config("pvr", bootstrap, &repo, dir.path(), layout[0]);
     let result = scenario::run_reshard(&config, &layout);
     let generations = match result {
         Ok(g) => g,

@@ -16,7 +16,8 @@ use statesnap::reshard::{
 use statesnap::{KafkaChangelog, LogicalDigest, Repository, RocksFormat, StoreKey};
 
 use super::{
-    Proc, ScenarioConfig, ScenarioReport, finish, opened_by, repo_options, setup, wait_until,
+    Proc, ScenarioConfig, ScenarioReport, finish, opened_by, repo_options, setup, start_two,
+    wait_until,
 };
 use crate::Result;
 use crate::app::{MoveLine, STORE, changelog_options};
@@ -125,22 +126,7 @@ fn run_generation(
         "a and b start on {} partitions",
         config.partitions
     ));
-    let mut a = Proc::spawn(config, "a")?;
-    let mut b = Proc::spawn(config, "b")?;
-    wait_until(
-        "a and b to own every partition",
-        Duration::from_secs(90),
-        || {
-            a.check_alive()?;
-            b.check_alive()?;
-            Ok(opened_by(&a)
-                .union(&opened_by(&b))
-                .copied()
-                .collect::<Vec<_>>()
-                == all.iter().copied().collect::<Vec<_>>())
-        },
-    )?;
-    std::thread::sleep(config.settle);
+    let (mut a, mut b) = start_two(config, &all)?;
     log("c joins");
     let mut c = Proc::spawn(config, "c")?;
     wait_until("c to own partitions", Duration::from_secs(90), || {

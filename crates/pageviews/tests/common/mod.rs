@@ -17,6 +17,41 @@ pub fn env_or_skip(var: &str, require: &str) -> Option<String> {
     }
 }
 
+/// The shared broker and repository the test script started, or `None`
+/// (the test is skipped loudly, or fails under `STATESNAP_REQUIRE_*=1`).
+pub fn servers() -> Option<(String, String)> {
+    let bootstrap = env_or_skip("STATESNAP_TEST_KAFKA_BOOTSTRAP", "STATESNAP_REQUIRE_KAFKA")?;
+    let repo = env_or_skip("STATESNAP_TEST_S3_URL", "STATESNAP_REQUIRE_S3")?;
+    Some((bootstrap, repo))
+}
+
+/// A scenario on `partitions` partitions under a fresh id starting with
+/// `prefix` (its repository a prefix of that name under `repo`), working in
+/// `dir`: 3 000 users at 800 events/s, 3 s to settle, 6 s sessions.
+pub fn scenario_config(
+    prefix: &str,
+    bootstrap: String,
+    repo: &str,
+    dir: &std::path::Path,
+    partitions: i32,
+) -> pageviews::scenario::ScenarioConfig {
+    let id = unique(prefix);
+    pageviews::scenario::ScenarioConfig {
+        bin: env!("CARGO_BIN_EXE_pageviews").into(),
+        bootstrap,
+        repo: format!("{}/{id}", repo.trim_end_matches('/')),
+        dir: dir.to_owned(),
+        app_id: id,
+        partitions,
+        generation: 0,
+        users: 3000,
+        rate: 800,
+        settle: std::time::Duration::from_secs(3),
+        session_timeout: std::time::Duration::from_secs(6),
+        env: Vec::new(),
+    }
+}
+
 /// A name no other run used: topics, group and repository prefix.
 #[allow(clippy::disallowed_methods)] // a unique name, not a time anyone reads
 pub fn unique(prefix: &str) -> String {
