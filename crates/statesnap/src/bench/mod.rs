@@ -153,6 +153,38 @@ pub(crate) fn remove(p: &Path) -> Result<()> {
     }
 }
 
+/// The process's peak resident memory from a starting point on (Linux:
+/// writing `5` to `/proc/self/clear_refs` resets the peak to the current
+/// resident size).
+pub(crate) struct PeakRss {
+    before: u64,
+}
+
+fn status_kib(field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+impl PeakRss {
+    pub(crate) fn start() -> Option<PeakRss> {
+        std::fs::write("/proc/self/clear_refs", "5").ok()?;
+        Some(PeakRss {
+            before: status_kib("VmRSS:")?,
+        })
+    }
+
+    pub(crate) fn growth(this: &Option<PeakRss>) -> Option<u64> {
+        let p = this.as_ref()?;
+        Some(status_kib("VmHWM:")?.saturating_sub(p.before) * 1024)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::backup::bench_options;
-use super::{key, local_repo, remove, value};
+use super::{PeakRss, key, local_repo, remove, value};
 use crate::changelog::Changelog;
 use crate::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
 use crate::error::{Error, Result};
@@ -128,8 +128,7 @@ pub async fn reshard_vs_replay(
     let src = SourcePartition::zip(&sources, &logs);
     let dst = TargetPartition::zip(&targets, &target_logs);
     let format = RocksFormat::new(bench_options());
-    let baseline = rss("VmRSS");
-    reset_peak_rss();
+    let peak = PeakRss::start();
     let cpu = cpu_secs();
     let started = Instant::now();
     let report = crate::reshard::reshard(
@@ -144,7 +143,7 @@ pub async fn reshard_vs_replay(
     .await?;
     let reshard = started.elapsed();
     let reshard_cpu_secs = cpu_secs().zip(cpu).map(|(b, a)| b - a);
-    let peak_rss_delta = rss("VmHWM").zip(baseline).map(|(p, b)| p.saturating_sub(b));
+    let peak_rss_delta = PeakRss::growth(&peak);
     if report.keys != keys {
         return Err(Error::internal(format!(
             "bench: the reshard moved {} of {keys} keys",
@@ -318,14 +317,6 @@ fn raw_write(dir: &Path, bytes: u64) -> Result<Duration> {
     Ok(started.elapsed())
 }
 
-/// A `/proc/self/status` figure in bytes (`VmRSS`, `VmHWM`).
-fn rss(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// CPU time of this process so far (user + system, every thread), from
 /// `/proc/self/stat` (clock ticks of 1/100 s, Linux's `USER_HZ`).
 fn cpu_secs() -> Option<f64> {
@@ -336,9 +327,4 @@ fn cpu_secs() -> Option<f64> {
     // utime and stime: fields 14 and 15 of the line, 12 and 13 here.
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     Some(ticks as f64 / 100.0)
-}
-
-/// Resets the peak resident set (`VmHWM`) to the current one (Linux).
-fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }

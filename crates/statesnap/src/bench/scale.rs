@@ -10,7 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use super::backup::{bench_options, loaded_store};
-use super::{key, local_repo, remove, store_key, value};
+use super::{PeakRss, key, local_repo, remove, store_key, value};
 use crate::changelog::Changelog;
 use crate::changelog::file::{FileChangelog, FileChangelogOptions, FsyncPolicy};
 use crate::error::{Error, Result};
@@ -38,38 +38,6 @@ pub struct ScalePoint {
     pub snapshot_peak_rss_growth: Option<u64>,
     /// The same during the restore.
     pub restore_peak_rss_growth: Option<u64>,
-}
-
-/// The process's peak resident memory from a starting point on (Linux:
-/// writing `5` to `/proc/self/clear_refs` resets the peak to the current
-/// resident size).
-struct PeakRss {
-    before: u64,
-}
-
-fn status_kib(field: &str) -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with(field))?;
-    line[field.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()
-}
-
-impl PeakRss {
-    fn start() -> Option<PeakRss> {
-        std::fs::write("/proc/self/clear_refs", "5").ok()?;
-        Some(PeakRss {
-            before: status_kib("VmRSS:")?,
-        })
-    }
-
-    fn growth(this: &Option<PeakRss>) -> Option<u64> {
-        let p = this.as_ref()?;
-        Some(status_kib("VmHWM:")?.saturating_sub(p.before) * 1024)
-    }
 }
 
 /// Loads `keys` keys into a RocksDB store under `dir`, snapshots it into a

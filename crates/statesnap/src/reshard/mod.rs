@@ -397,7 +397,7 @@ async fn check_targets(
     for t in targets {
         let end = t.changelog.end_offset()?;
         let newest = repo.catalog().latest(t.store_key).await?;
-        if holds_records(t.changelog)? || newest.is_some() {
+        if holds_records(t.changelog, end)? || newest.is_some() {
             let what = match &newest {
                 Some(s) => format!("snapshot=`{}`", s.id()),
                 None => "snapshot=none".to_owned(),
@@ -422,9 +422,8 @@ async fn check_targets(
 /// Whether `log` holds, or once held, any record. Marker records a backend
 /// writes for itself (a Kafka lineage marker) do not count: a log that
 /// holds nothing else is new. A log whose first offsets were truncated
-/// held records.
-fn holds_records(log: &dyn Changelog) -> Result<bool> {
-    let end = log.end_offset()?;
+/// held records. `end`: its end offset.
+fn holds_records(log: &dyn Changelog, end: u64) -> Result<bool> {
     if end == 0 {
         return Ok(false);
     }
