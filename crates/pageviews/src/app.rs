@@ -131,6 +131,7 @@ impl MoveLine {
                     Source::Local { .. } => ("local", None),
                     Source::Snapshot { id, .. } => ("snapshot", Some(id.to_string())),
                     Source::FullReplay => ("replay", None),
+                    Source::Standby { .. } => ("standby", None),
                 };
                 line.source = Some(kind.into());
                 line.snapshot = snapshot;

@@ -157,7 +157,7 @@ pub use format::portable::PortableFormat;
 pub use format::rocks::RocksFormat;
 pub use repo::{Manifest, Repository, RepositoryOptions, SnapshotId, StoreKey};
 pub use restore::{ReplayOptions, RestoreOptions, RestoreReport, replay, restore_store};
-pub use runtime::{SnapshotPolicy, StateHandle, StateManager, StoreSpec};
+pub use runtime::{SnapshotPolicy, StandbyHandle, StateHandle, StateManager, StoreSpec};
 pub use snapshot::{SnapshotOptions, commit_snapshot, commit_snapshot_with};
 pub use store::logged::LoggedStore;
 pub use store::memory::MemoryStore;

@@ -139,6 +139,7 @@ pub async fn verify(
             Source::Local { .. } => "local",
             Source::Snapshot { .. } => "snapshot",
             Source::FullReplay => "replay",
+            Source::Standby { .. } => "standby",
         };
         report
             .final_opens

@@ -19,6 +19,7 @@ fn source_json(s: &Source) -> Value {
             json!({"kind": "snapshot", "id": id.to_string(), "offset": offset})
         }
         Source::FullReplay => json!({"kind": "full_replay"}),
+        Source::Standby { applied_offset } => json!({"kind": "standby", "offset": applied_offset}),
     }
 }
 

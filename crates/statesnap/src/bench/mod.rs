@@ -17,6 +17,7 @@ mod delta;
 mod replay;
 mod reshard;
 mod scale;
+mod standby;
 mod throughput;
 
 pub use backup::{BackupComparison, INCREMENTAL_ROUNDS, RestoreBreakdown, rocks_vs_backup_engine};
@@ -27,6 +28,7 @@ pub use scale::{
     ConcurrentRestores, ScalePoint, TransportComparison, concurrent_restores, restore_vs_raw_get,
     scale_point,
 };
+pub use standby::{Failover, failover};
 pub use throughput::{
     BATCH, Handoff, Rto, SplitMix64, StoreType, Throughput, handoff, preload,
     restore_time_objective, throughput,

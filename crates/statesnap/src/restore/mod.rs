@@ -598,6 +598,9 @@ async fn first_usable_source<F: StoreFormat>(
                 },
                 Source::FullReplay => blocking_here(|| format.create_empty(target))
                     .map(|s| (s, RestoreStats::default())),
+                Source::Standby { .. } => Err(Error::internal(
+                    "a restore plan names a standby as a source; plans never do",
+                )),
             };
         match attempt {
             Ok((store, stats)) => {

@@ -30,13 +30,22 @@ pub enum Source {
     },
     /// An empty store, rebuilt by replaying the whole changelog.
     FullReplay,
+    /// A standby that was following the changelog, promoted
+    /// ([`crate::runtime::StandbyHandle::promote`]): only its lag was
+    /// replayed, nothing downloaded. Restore plans never choose it.
+    Standby {
+        /// The last offset it had applied when the promotion began.
+        applied_offset: Option<u64>,
+    },
 }
 
 impl Source {
     /// The offset the store starts from (`None`: from the beginning).
     pub fn start_offset(&self) -> Option<u64> {
         match self {
-            Source::Local { applied_offset } => *applied_offset,
+            Source::Local { applied_offset } | Source::Standby { applied_offset } => {
+                *applied_offset
+            }
             Source::Snapshot { offset, .. } => Some(*offset),
             Source::FullReplay => None,
         }
@@ -54,6 +63,12 @@ impl std::fmt::Display for Source {
             } => write!(f, "empty local store"),
             Source::Snapshot { id, offset } => write!(f, "snapshot {id} at offset {offset}"),
             Source::FullReplay => write!(f, "full replay"),
+            Source::Standby {
+                applied_offset: Some(o),
+            } => write!(f, "standby at offset {o}"),
+            Source::Standby {
+                applied_offset: None,
+            } => write!(f, "empty standby"),
         }
     }
 }

@@ -67,7 +67,7 @@ impl<F: StoreFormat, C: Changelog> std::fmt::Debug for StateHandle<F, C> {
 }
 
 /// Removes a failed open's registration.
-struct Registered {
+pub(super) struct Registered {
     manager: StateManager,
     key: Option<StoreKey>,
 }
@@ -102,21 +102,21 @@ where
     if manager.is_shut_down() {
         return Err(cancelled("open", &store_key));
     }
-    let inner = &manager.inner;
     let changelog = Arc::new(changelog);
-    let (shared, mut registered) = register(&manager, &store_key, &changelog, at_offset)?;
+    let (shared, registered) = register(&manager, &store_key, &changelog, at_offset)?;
     // The directory is this handle's before anything reads or changes it:
     // one spec per directory in a manager (config), one owner per
     // directory anywhere (transient).
-    let owner = OwnedDir::take(&manager, &store_key, &dir)?;
+    let owner = Arc::new(OwnedDir::take(&manager, &store_key, &dir)?);
     let options = RestoreOptions {
         local_first: true,
         until: at_offset,
         verify_digest,
         ..RestoreOptions::default()
     };
-    let (format, owner, store, report) = restore_into(
-        &manager, &store_key, owner, format, &changelog, dir, options,
+    let format = Arc::new(format);
+    let (store, report) = restore_into(
+        &manager, &store_key, &owner, &format, &changelog, dir, options,
     )
     .await?;
     manager.seed_rates(&report.plan.manifests);
@@ -126,45 +126,92 @@ where
         report.replay.records,
         report.replay.duration.as_secs_f64(),
     );
+    let parts = Parts {
+        format,
+        changelog,
+        store,
+        report,
+        policy,
+        owner,
+        read_only: at_offset,
+    };
+    assemble(manager, shared, registered, parts, started)
+}
+
+/// What a ready handle is made of, however the store got ready (restored
+/// by [`open`], or a promoted standby).
+pub(super) struct Parts<F: StoreFormat, C> {
+    pub(super) format: Arc<F>,
+    pub(super) changelog: Arc<C>,
+    pub(super) store: F::Store,
+    pub(super) report: RestoreReport,
+    pub(super) policy: Option<SnapshotPolicy>,
+    pub(super) owner: Arc<OwnedDir>,
+    pub(super) read_only: Option<u64>,
+}
+
+/// Builds the handle over a ready store: binds it to its changelog
+/// ([`LoggedStore::new`]), records its applied offset and snapshot parent,
+/// and hands the manager's registration over to the handle.
+pub(super) fn assemble<F, C>(
+    manager: StateManager,
+    shared: Arc<Shared>,
+    mut registered: Registered,
+    parts: Parts<F, C>,
+    started: Instant,
+) -> Result<StateHandle<F, C>>
+where
+    F: StoreFormat + 'static,
+    F::Store: 'static,
+    C: Changelog + 'static,
+{
+    let Parts {
+        format,
+        changelog,
+        store,
+        report,
+        policy,
+        owner,
+        read_only,
+    } = parts;
     let logged = LoggedStore::new(store, changelog.clone())?;
     let applied = logged.store().applied_offset()?;
     note_applied(&shared, &report, applied);
     record_open(started, &shared, &report);
     registered.key = None; // the handle deregisters from now on
+    let policy = policy.unwrap_or_else(|| manager.inner.policy.clone());
     Ok(StateHandle {
         logged,
         format,
         changelog,
-        policy: policy.unwrap_or_else(|| inner.policy.clone()),
+        policy,
         manager,
         shared,
         report,
         opened_in: started.elapsed(),
-        read_only: at_offset,
+        read_only,
         _owner: owner,
     })
 }
 
 /// Restores the store into `dir`, which `owner` holds, on a blocking thread
-/// under one of the manager's transfer permits; gives the format, the
-/// directory's ownership (the restore holds it too), the store and the
-/// restore's report.
-async fn restore_into<F, C>(
+/// under one of the manager's transfer permits; gives the store and the
+/// restore's report. A standby's (re)bootstrap runs through here too.
+pub(super) async fn restore_into<F, C>(
     manager: &StateManager,
     store_key: &StoreKey,
-    owner: OwnedDir,
-    format: F,
+    owner: &Arc<OwnedDir>,
+    format: &Arc<F>,
     changelog: &Arc<C>,
     dir: PathBuf,
     options: RestoreOptions,
-) -> Result<(Arc<F>, Arc<OwnedDir>, F::Store, RestoreReport)>
+) -> Result<(F::Store, RestoreReport)>
 where
     F: StoreFormat + 'static,
     F::Store: 'static,
     C: Changelog + 'static,
 {
     let inner = &manager.inner;
-    let format = Arc::new(format);
     let span = tracing::info_span!("open", store_key = %store_key, until = ?options.until);
     let permit = inner
         .transfers
@@ -179,7 +226,6 @@ where
         store_key.clone(),
         inner.rt.clone(),
     );
-    let owner = Arc::new(owner);
     let held = owner.clone();
     // Restore downloads (async) and replays (blocking): all of it on a
     // blocking thread so no executor worker stalls on the replay.
@@ -191,14 +237,13 @@ where
     })
     .await;
     drop(permit);
-    let (store, report) = restored?;
-    Ok((format, owner, store, report))
+    restored
 }
 
 /// The open store's shared status, registered with the manager unless the
 /// handle is a point-in-time one (`at_offset`); the registration is removed
 /// when the returned [`Registered`] is dropped with its key still set.
-fn register<C: Changelog + 'static>(
+pub(super) fn register<C: Changelog + 'static>(
     manager: &StateManager,
     store_key: &StoreKey,
     changelog: &Arc<C>,
@@ -248,6 +293,7 @@ fn record_open(started: Instant, shared: &Shared, report: &RestoreReport) {
         Source::Local { .. } => "local",
         Source::Snapshot { .. } => "snapshot",
         Source::FullReplay => "full-replay",
+        Source::Standby { .. } => "standby",
     };
     metrics::histogram!("statesnap_open_seconds", "source" => source)
         .record(started.elapsed().as_secs_f64());
@@ -275,7 +321,7 @@ pub(super) struct OwnedDir {
 }
 
 impl OwnedDir {
-    fn take(manager: &StateManager, key: &StoreKey, dir: &Path) -> Result<OwnedDir> {
+    pub(super) fn take(manager: &StateManager, key: &StoreKey, dir: &Path) -> Result<OwnedDir> {
         let canonical = canonical_dir(dir)?;
         manager.register_dir(&canonical, key)?;
         match DirLock::acquire(dir) {

@@ -55,6 +55,7 @@ mod background;
 mod handle;
 mod maintain;
 mod policy;
+mod standby;
 mod status;
 
 use std::collections::BTreeMap;
@@ -78,6 +79,10 @@ pub use background::BackgroundOptions;
 pub use handle::{CloseReport, StateHandle};
 pub use maintain::{Maintenance, MaintenanceReport};
 pub use policy::{SnapshotPolicy, Trigger};
+pub use standby::{
+    Bootstrap, Lag, PromoteError, RebootstrapCause, StandbyHandle, StandbyOptions, StandbyState,
+    StandbyStatus,
+};
 pub use status::StoreStatus;
 
 /// One store partition to open: its key in the repository, its changelog,
@@ -167,9 +172,16 @@ pub struct StateManagerBuilder {
     rates: Rates,
     maintenance: Option<Maintenance>,
     background: BackgroundOptions,
+    standby: StandbyOptions,
 }
 
 impl StateManagerBuilder {
+    /// How standbys follow their changelogs ([`StateManager::standby`]).
+    pub fn standby_options(mut self, options: StandbyOptions) -> Self {
+        self.standby = options;
+        self
+    }
+
     /// Where background snapshots and maintenance run (default: one
     /// low-priority thread of the manager's own; see
     /// [`BackgroundOptions`]).
@@ -241,6 +253,7 @@ impl StateManagerBuilder {
                 clock,
                 rt,
                 background,
+                standby: self.standby,
                 cancel: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 transfers: Arc::new(tokio::sync::Semaphore::new(self.max_transfers)),
@@ -279,6 +292,7 @@ struct Inner {
     rt: tokio::runtime::Handle,
     /// Background snapshots and maintenance run here.
     background: Background,
+    standby: StandbyOptions,
     cancel: CancellationToken,
     tasks: TaskTracker,
     transfers: Arc<tokio::sync::Semaphore>,
@@ -312,6 +326,7 @@ impl StateManager {
             rates: Rates::default(),
             maintenance: None,
             background: BackgroundOptions::default(),
+            standby: StandbyOptions::default(),
         }
     }
 
@@ -436,6 +451,28 @@ impl StateManager {
         C: Changelog + 'static,
     {
         handle::open(self.clone(), spec).await
+    }
+
+    /// Starts a warm standby of `spec`'s store, for a partition another
+    /// process owns: it bootstraps in the background as [`open`] restores
+    /// (the local store, else the newest usable snapshot and the tail),
+    /// then follows the changelog; [`StandbyHandle::promote`] turns it into
+    /// a [`StateHandle`] replaying only its lag. It never writes to the
+    /// changelog or the repository. Returns at once, with the directory
+    /// claimed (`config` if another handle of this manager uses it,
+    /// `transient` if another process does); wait for the first bootstrap
+    /// with [`StandbyHandle::ready`]. Give it a changelog handle that sees
+    /// new records as they are appended (Kafka; a file log shared with its
+    /// writer in this process — a read-only file log is a frozen view).
+    ///
+    /// [`open`]: StateManager::open
+    pub fn standby<F, C>(&self, spec: StoreSpec<F, C>) -> Result<StandbyHandle<F, C>>
+    where
+        F: StoreFormat + 'static,
+        F::Store: 'static,
+        C: Changelog + 'static,
+    {
+        standby::start(self.clone(), spec, self.inner.standby.clone())
     }
 
     /// Stops background work: snapshots in flight are cancelled (nothing
