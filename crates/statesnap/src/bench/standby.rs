@@ -31,8 +31,9 @@ pub struct Failover {
     pub flow_records_per_sec: f64,
     /// How long the input flowed before the owner died.
     pub flow_secs: f64,
-    /// The standby's largest lag, sampled every 10 ms while the input
-    /// flowed: records, and ms since it last held everything.
+    /// The standby's largest lag, sampled after each of the owner's
+    /// commits (every 10 ms) while the input flowed: records between its
+    /// offset and the log's end, and ms since it last held everything.
     pub standby_max_lag_records: u64,
     /// See `standby_max_lag_records`.
     pub standby_max_lag_ms: u64,
@@ -41,9 +42,12 @@ pub struct Failover {
     pub standby_follow_records_per_sec: f64,
     /// The replay rate of its last large poll (10 000 records or more).
     pub standby_replay_records_per_sec: Option<f64>,
-    /// Records the log held beyond the standby when the promotion began
-    /// (the owner had died).
+    /// Records the log held beyond the standby right after the owner's
+    /// last commit (the kill).
     pub lag_at_kill: u64,
+    /// Records it held beyond the standby when the promotion began (the
+    /// standby follows on after the kill until it is promoted).
+    pub lag_at_promote: u64,
     /// From `promote` to a ready handle.
     pub standby_secs: f64,
     /// Of that: records replayed, and the replay's time.
@@ -136,14 +140,25 @@ pub async fn failover(dir: &Path, keys: u64, rate: u64, flow: Duration) -> Resul
             owner.snapshot_now()?;
             snapshotted = true;
         }
-        let lag = standby.lag();
-        max_lag = max_lag.max(lag.records);
-        max_lag_ms = max_lag_ms.max(lag.time.as_millis() as u64);
+        // The lag against the log's end now (`lag()` counts records as of
+        // the standby's last poll).
+        let applied = standby.status().applied_offset;
+        let behind = log
+            .end_offset()?
+            .saturating_sub(applied.map_or(0, |a| a + 1));
+        max_lag = max_lag.max(behind);
+        max_lag_ms = max_lag_ms.max(standby.lag().time.as_millis() as u64);
         tick += 1;
         let next = started + Duration::from_millis(10) * tick;
         tokio::time::sleep_until(next.into()).await;
     }
     let flow_secs = started.elapsed().as_secs_f64();
+    // The kill comes right after the last commit: what the standby lacks
+    // then.
+    let applied = standby.status().applied_offset;
+    let lag_at_kill = log
+        .end_offset()?
+        .saturating_sub(applied.map_or(0, |a| a + 1));
     owner.wait_for_snapshot().await;
     let st = standby.status();
     // The owner dies: no handoff.
@@ -158,7 +173,7 @@ pub async fn failover(dir: &Path, keys: u64, rate: u64, flow: Duration) -> Resul
     let standby_secs = t.elapsed().as_secs_f64();
     let report = h.report().clone();
     // Where the standby was when the promotion began: the lag it found.
-    let lag_at_kill = end.saturating_sub(report.source.start_offset().map_or(0, |a| a + 1));
+    let lag_at_promote = end.saturating_sub(report.source.start_offset().map_or(0, |a| a + 1));
     h.abandon().await;
 
     let h = m.open(spec(&log, dir, "fresh")?).await?;
@@ -199,6 +214,7 @@ pub async fn failover(dir: &Path, keys: u64, rate: u64, flow: Duration) -> Resul
         standby_follow_records_per_sec: (st.records_followed - followed_before) as f64 / flow_secs,
         standby_replay_records_per_sec: st.replay_records_per_sec,
         lag_at_kill,
+        lag_at_promote,
         standby_secs,
         standby_replayed: report.replay.records,
         standby_replay_secs: report.replay.duration.as_secs_f64(),
