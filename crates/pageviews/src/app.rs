@@ -16,6 +16,7 @@
 //! delivered again after a crash produces an output identical to the first,
 //! identified by its input `(partition, offset)`.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,12 +29,16 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, DeliveryResult, Message};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use serde::{Deserialize, Serialize};
-use statesnap::group::{GroupContext, GroupOptions, MoveKind, PartitionMove, PartitionStores};
+use statesnap::group::{
+    GroupContext, GroupOptions, MoveKind, PartitionMove, PartitionStores, place_standbys,
+};
 use statesnap::restore::Source;
-use statesnap::runtime::{SnapshotPolicy, StoreSpec};
+use statesnap::runtime::{Bootstrap, SnapshotPolicy, StoreSpec};
 use statesnap::{KafkaChangelog, KafkaOptions, Repository, RocksFormat, StateManager, StoreKey};
 
 use crate::Result;
+use crate::board::{Board, members_topic};
+use crate::kafka::create_topics;
 use crate::model::{Event, Position, UserState, apply, output, state_key};
 
 /// The store name in the repository and in the changelog topic
@@ -77,6 +82,10 @@ pub struct AppConfig {
     /// `partition.assignment.strategy`: `roundrobin` / `range` (eager) or
     /// `cooperative-sticky`.
     pub assignment: String,
+    /// Warm standbys per partition (0 or 1): with 1, each partition is
+    /// followed by one other process, placed from the membership board
+    /// ([`crate::board`]).
+    pub standbys: u32,
 }
 
 /// One line of the move report.
@@ -89,10 +98,15 @@ pub struct MoveLine {
     pub at_ms: i64,
     /// Input partition.
     pub partition: i32,
-    /// `opened`, `closed`, `abandoned` or `failed`.
+    /// `opened`, `closed`, `abandoned`, `failed`, or `standby` (a standby
+    /// of the partition finished a (re)bootstrap here).
     pub event: String,
-    /// For `opened`: `local`, `snapshot` or `replay`.
+    /// For `opened`: `local`, `snapshot`, `replay` or `standby` (a
+    /// promoted standby); for `standby`: where its store came from.
     pub source: Option<String>,
+    /// For `opened` and `standby`: bytes downloaded from the repository.
+    #[serde(default)]
+    pub downloaded: Option<u64>,
     /// The snapshot opened from or handed off.
     pub snapshot: Option<String>,
     /// For `opened`: changelog records replayed.
@@ -122,17 +136,14 @@ impl MoveLine {
             MoveKind::Opened {
                 source,
                 records_replayed,
+                bytes_downloaded,
                 resume_at,
                 attempts,
                 ..
             } => {
+                line.downloaded = Some(*bytes_downloaded);
                 line.event = "opened".into();
-                let (kind, snapshot) = match source {
-                    Source::Local { .. } => ("local", None),
-                    Source::Snapshot { id, .. } => ("snapshot", Some(id.to_string())),
-                    Source::FullReplay => ("replay", None),
-                    Source::Standby { .. } => ("standby", None),
-                };
+                let (kind, snapshot) = source_name(source);
                 line.source = Some(kind.into());
                 line.snapshot = snapshot;
                 line.records_replayed = Some(*records_replayed);
@@ -160,6 +171,34 @@ impl MoveLine {
             }
         }
         line
+    }
+
+    /// A standby of `partition` finished `b`.
+    fn standby(process: &str, partition: i32, b: &Bootstrap) -> MoveLine {
+        let (kind, snapshot) = source_name(&b.source);
+        MoveLine {
+            process: process.to_owned(),
+            at_ms: b.at_ms,
+            partition,
+            event: "standby".into(),
+            source: Some(kind.into()),
+            snapshot,
+            downloaded: Some(b.bytes_downloaded),
+            records_replayed: Some(b.records_replayed),
+            duration_ms: u64::try_from(b.duration.as_millis()).unwrap_or(u64::MAX),
+            detail: b.cause.map(|c| c.to_string()),
+            ..MoveLine::default()
+        }
+    }
+}
+
+/// A source's name in the report, and its snapshot.
+fn source_name(source: &Source) -> (&'static str, Option<String>) {
+    match source {
+        Source::Local { .. } => ("local", None),
+        Source::Snapshot { id, .. } => ("snapshot", Some(id.to_string())),
+        Source::FullReplay => ("replay", None),
+        Source::Standby { .. } => ("standby", None),
     }
 }
 
@@ -278,9 +317,10 @@ pub fn run(config: AppConfig, stop: Arc<AtomicBool>) -> Result<()> {
         ),
         None => None,
     };
-    let mut write_moves = |consumer: &Consumer_| -> Result<()> {
-        for m in consumer.context().take_moves() {
-            let line = MoveLine::new(&config.name, &m);
+    let mut write_moves = |consumer: &Consumer_, more: Vec<MoveLine>| -> Result<()> {
+        let moves = consumer.context().take_moves();
+        let lines = moves.iter().map(|m| MoveLine::new(&config.name, m));
+        for line in lines.chain(more) {
             if let Some(f) = report.as_mut() {
                 writeln!(f, "{}", serde_json::to_string(&line)?)?;
                 f.flush()?;
@@ -288,10 +328,18 @@ pub fn run(config: AppConfig, stop: Arc<AtomicBool>) -> Result<()> {
         }
         Ok(())
     };
+    let mut standbys = match config.standbys {
+        0 => None,
+        _ => Some(Standbys::new(&config, &runtime)?),
+    };
     tracing::info!(name = %config.name, "consuming `{}`", config.input);
     while !stop.load(Ordering::Relaxed) {
         let produced = poll_batch(&consumer, &producer, &config)?;
-        write_moves(&consumer)?;
+        let ready = match standbys.as_mut() {
+            Some(s) => s.sync(consumer.context(), &config, manager.now_ms())?,
+            None => Vec::new(),
+        };
+        write_moves(&consumer, ready)?;
         if let Some(e) = consumer.context().take_error() {
             return Err(format!("{}: a store could not be opened: {e}", config.name).into());
         }
@@ -314,11 +362,89 @@ pub fn run(config: AppConfig, stop: Arc<AtomicBool>) -> Result<()> {
         }
     }
     tracing::info!(name = %config.name, "stopping: handing partitions off");
+    if let Some(s) = standbys.as_mut()
+        && let Err(e) = s.board.leave()
+    {
+        tracing::warn!(error = %e, "could not leave the membership board");
+    }
     consumer.context().close_all();
-    write_moves(&consumer)?;
+    write_moves(&consumer, Vec::new())?;
     drop(consumer);
     runtime.block_on(manager.shutdown());
     Ok(())
+}
+
+/// This process's standbys: the membership board, synced every half
+/// second, and the bootstraps already reported.
+struct Standbys {
+    board: Board,
+    last_sync: Option<Instant>,
+    reported: BTreeMap<i32, usize>,
+}
+
+impl Standbys {
+    fn new(config: &AppConfig, runtime: &tokio::runtime::Runtime) -> Result<Standbys> {
+        let topic = members_topic(&config.app_id);
+        runtime.block_on(create_topics(&config.bootstrap, &[(&topic, 1)]))?;
+        // A killed process's entry outlives it by this much: long enough
+        // for the group to notice and reassign its partitions.
+        let expire = config.session_timeout * 4;
+        Ok(Standbys {
+            board: Board::new(&config.bootstrap, &topic, &config.name, expire)?,
+            last_sync: None,
+            reported: BTreeMap::new(),
+        })
+    }
+
+    /// Publishes what this process owns, reads the board, follows what the
+    /// placement gives this process; returns the report lines of
+    /// bootstraps that finished since the last call.
+    fn sync(
+        &mut self,
+        context: &GroupContext<Stores>,
+        config: &AppConfig,
+        now_ms: i64,
+    ) -> Result<Vec<MoveLine>> {
+        if self
+            .last_sync
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(500))
+        {
+            return Ok(Vec::new());
+        }
+        self.last_sync = Some(Instant::now());
+        let mine: Vec<i32> = context
+            .assigned()
+            .into_iter()
+            .filter(|(t, _)| *t == config.input)
+            .map(|(_, p)| p)
+            .collect();
+        self.board.publish(&mine, now_ms)?;
+        self.board.read()?;
+        let mut owners = self.board.owners(now_ms);
+        owners.insert(config.name.clone(), mine.into_iter().collect());
+        let placed = place_standbys(&owners);
+        let wanted: Vec<(String, i32)> = placed
+            .get(&config.name)
+            .into_iter()
+            .flatten()
+            .map(|p| (config.input.clone(), *p))
+            .collect();
+        for e in context.set_standbys(wanted) {
+            tracing::warn!(error = %e, "standby not started; retried at the next sync");
+        }
+        let mut lines = Vec::new();
+        for ((_, p), status) in context.standbys() {
+            let seen = self.reported.entry(p).or_default();
+            for b in status.bootstraps.iter().skip(*seen) {
+                lines.push(MoveLine::standby(&config.name, p, b));
+            }
+            *seen = status.bootstraps.len();
+        }
+        // A standby stopped and started again reports its bootstraps anew.
+        let running: BTreeSet<i32> = context.standbys().iter().map(|((_, p), _)| *p).collect();
+        self.reported.retain(|p, _| running.contains(p));
+        Ok(lines)
+    }
 }
 
 /// Sets `stop` when SIGTERM or Ctrl-C arrives.

@@ -16,6 +16,7 @@
 
 pub mod app;
 pub mod bench;
+pub mod board;
 pub mod kafka;
 pub mod model;
 pub mod scenario;

@@ -66,10 +66,30 @@ enum Cmd {
         /// `cooperative-sticky`).
         #[arg(long, default_value = "roundrobin")]
         assignment: String,
+        /// Warm standbys per partition (0 or 1), placed from the
+        /// membership board (`<app-id>-members`).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1))]
+        standbys: u32,
     },
     /// Runs the moving-partitions scenario (processes join, leave, are
     /// killed while input flows) and checks the result against a model.
     Scenario {
+        #[command(flatten)]
+        servers: Servers,
+        /// Input partitions.
+        #[arg(long, default_value_t = 6)]
+        partitions: i32,
+        /// Input events per second.
+        #[arg(long, default_value_t = 1000)]
+        rate: u64,
+        /// Seconds each phase lets the group settle.
+        #[arg(long, default_value_t = 4)]
+        settle_secs: u64,
+    },
+    /// Warm standbys: two processes follow each other's partitions, one
+    /// is SIGKILLed, and the other promotes its standbys of the killed
+    /// one's partitions (nothing downloaded, only the lag replayed).
+    Standby {
         #[command(flatten)]
         servers: Servers,
         /// Input partitions.
@@ -157,6 +177,7 @@ impl Servers {
             settle: Duration::from_secs(settle_secs),
             session_timeout: Duration::from_secs(6),
             env: Vec::new(),
+            standbys: 0,
         })
     }
 }
@@ -205,6 +226,7 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             session_timeout_ms,
             batch,
             assignment,
+            standbys,
         } => app::run(
             AppConfig {
                 name,
@@ -221,6 +243,7 @@ fn run(cli: Cli) -> pageviews::Result<()> {
                 session_timeout: Duration::from_millis(session_timeout_ms),
                 batch,
                 assignment,
+                standbys,
             },
             Arc::new(AtomicBool::new(false)),
         ),
@@ -233,6 +256,26 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             let config = servers.scenario("pv", partitions, rate, settle_secs)?;
             let report = scenario::run(&config)?;
             println!("{}", scenario::table(&report));
+            println!(
+                "exact: every partition's state and the de-duplicated output equal the single-process model"
+            );
+            Ok(())
+        }
+        Cmd::Standby {
+            servers,
+            partitions,
+            rate,
+            settle_secs,
+        } => {
+            let config = scenario::ScenarioConfig {
+                standbys: 1,
+                ..servers.scenario("pvs", partitions, rate, settle_secs)?
+            };
+            let report = scenario::run_standby(&config)?;
+            println!("{}", scenario::table(&report));
+            for (p, kind, replayed) in &report.killed_reopens {
+                println!("killed process's partition {p}: {kind}, {replayed} records replayed");
+            }
             println!(
                 "exact: every partition's state and the de-duplicated output equal the single-process model"
             );

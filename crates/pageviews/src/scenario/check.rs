@@ -33,6 +33,7 @@ pub fn classify(moves: &[MoveLine]) -> Vec<(MoveLine, String)> {
                             "handoff snapshot".to_owned()
                         }
                         Some("snapshot") => "older snapshot".to_owned(),
+                        Some("standby") => "standby".to_owned(),
                         _ => "replay".to_owned(),
                     }
                 }
@@ -40,6 +41,8 @@ pub fn classify(moves: &[MoveLine]) -> Vec<(MoveLine, String)> {
                     handed.insert(m.partition, m.snapshot.clone());
                     "closed".to_owned()
                 }
+                // A standby's bootstrap moves no partition.
+                ("standby", _) => "standby bootstrap".to_owned(),
                 (e, _) => {
                     handed.remove(&m.partition);
                     e.to_owned()
@@ -63,6 +66,14 @@ pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>
         if m.event == "failed" {
             return Err(format!("a store failed to open: {m:?}").into());
         }
+        if m.event == "opened" && m.source.as_deref() == Some("standby") && m.downloaded != Some(0)
+        {
+            return Err(format!(
+                "a promoted standby downloaded {:?} bytes: {m:?}",
+                m.downloaded
+            )
+            .into());
+        }
         if m.event != "closed" {
             continue;
         }
@@ -79,6 +90,11 @@ pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>
         let open_started = n.at_ms - i64::try_from(n.duration_ms).unwrap_or(i64::MAX);
         if open_started < m.at_ms {
             overlapping += 1;
+            continue;
+        }
+        // A promoted standby replays its lag: what it had not applied of
+        // the old owner's last commits.
+        if n.source.as_deref() == Some("standby") {
             continue;
         }
         if n.records_replayed != Some(0) {
@@ -106,10 +122,10 @@ pub fn check_moves(moves: &[MoveLine], killed: &str, killed_held: &BTreeSet<i32>
                 format!("partition {p} of the killed process was never opened again").into(),
             );
         };
-        if n.source.as_deref() != Some("snapshot") && n.source.as_deref() != Some("local") {
+        if !matches!(n.source.as_deref(), Some("snapshot" | "local" | "standby")) {
             return Err(format!(
-                "partition {p} of the killed process reopened by {} from {:?}, expected its last \
-                 background snapshot and the tail",
+                "partition {p} of the killed process reopened by {} from {:?}, expected a \
+                 standby, or its last background snapshot and the tail",
                 n.process, n.source
             )
             .into());

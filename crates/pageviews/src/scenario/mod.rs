@@ -59,6 +59,9 @@ pub struct ScenarioConfig {
     pub session_timeout: Duration,
     /// Extra environment for the processes.
     pub env: Vec<(String, String)>,
+    /// Warm standbys per partition the processes keep (`--standbys`, 0 or
+    /// 1).
+    pub standbys: u32,
 }
 
 /// What the scenario saw and checked.
@@ -114,6 +117,7 @@ impl Proc {
             .args(["--output", &output_topic(&config.app_id)])
             .args(["--partitions", &config.partitions.to_string()])
             .args(["--input-generation", &config.generation.to_string()])
+            .args(["--standbys", &config.standbys.to_string()])
             .arg("--data-dir")
             .arg(&data)
             .arg("--report")
@@ -366,12 +370,26 @@ fn opened_by(p: &Proc) -> BTreeSet<i32> {
             "opened" => {
                 held.insert(m.partition);
             }
+            // A standby's bootstrap moves no partition.
+            "standby" => {}
             _ => {
                 held.remove(&m.partition);
             }
         }
     }
     held
+}
+
+/// The partitions `p` has a ready standby of (a bootstrap reported) and
+/// does not own.
+fn following(p: &Proc) -> BTreeSet<i32> {
+    let standbys: BTreeSet<i32> = p
+        .moves()
+        .iter()
+        .filter(|m| m.event == "standby")
+        .map(|m| m.partition)
+        .collect();
+    standbys.difference(&opened_by(p)).copied().collect()
 }
 
 /// What both scenarios start with: the topics and the repository created,
@@ -521,20 +539,99 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
     report.killed = vec![b.name.clone()];
     let moves = report.moves.clone();
     report.overlapping_moves = check_moves(&moves, &b.name, &b_held)?;
-    for p in &b_held {
+    report.killed_reopens = killed_reopens(&report, &b.name, &b_held);
+    Ok(report)
+}
+
+/// How each partition `killed` held came back: the next open after its
+/// last one there, `(partition, kind, records replayed)`.
+fn killed_reopens(
+    report: &ScenarioReport,
+    killed: &str,
+    held: &BTreeSet<i32>,
+) -> Vec<(i32, String, u64)> {
+    let mut out = Vec::new();
+    for p in held {
         let last = report
             .classified
             .iter()
-            .rposition(|(m, _)| m.process == b.name && m.partition == *p && m.event == "opened");
+            .rposition(|(m, _)| m.process == killed && m.partition == *p && m.event == "opened");
         if let Some((m, kind)) = last.and_then(|i| {
             report.classified[i + 1..]
                 .iter()
                 .find(|(m, _)| m.partition == *p && m.event == "opened")
         }) {
-            report
-                .killed_reopens
-                .push((*p, kind.clone(), m.records_replayed.unwrap_or(0)));
+            out.push((*p, kind.clone(), m.records_replayed.unwrap_or(0)));
         }
+    }
+    out
+}
+
+/// Warm standbys (`--standbys 1`): `a` and `b` share the partitions, each
+/// following the other's; once `b` follows every partition `a` owns, `a`
+/// is SIGKILLed while input flows. When the group gives `a`'s partitions
+/// out again (tansu 0.6.0: once the membership changes, so `c` joins; a
+/// Kafka broker does it at the session timeout), those `b` gets must be
+/// promoted standbys: nothing downloaded, only the standby's lag
+/// replayed. With eager `roundrobin` the members are ordered by member id
+/// (the client id first, then a UUID): `b` takes the first share, which
+/// was `a`'s. The end is checked as in [`run`].
+pub fn run_standby(config: &ScenarioConfig) -> Result<ScenarioReport> {
+    let setup = setup(config, 0)?;
+    let all = setup.all.clone();
+    let log = |what: &str| eprintln!("[standby] {what}");
+
+    log("start a and b, each following the other's partitions");
+    let (mut a, mut b) = start_two(config, &all)?;
+    wait_until(
+        "b to follow every partition a owns",
+        Duration::from_secs(60),
+        || {
+            a.check_alive()?;
+            b.check_alive()?;
+            let held = opened_by(&a);
+            Ok(!held.is_empty() && held.is_subset(&following(&b)))
+        },
+    )?;
+    std::thread::sleep(config.settle);
+
+    log("a is SIGKILLed");
+    let a_held = opened_by(&a);
+    a.child.kill()?;
+    a.child.wait()?;
+    std::thread::sleep(config.session_timeout + Duration::from_secs(2));
+
+    log("c joins, and the group gives a's partitions out");
+    let mut c = Proc::spawn(config, "c")?;
+    wait_until(
+        "b and c to own every partition",
+        config.session_timeout * 4 + Duration::from_secs(60),
+        || {
+            b.check_alive()?;
+            c.check_alive()?;
+            let held: BTreeSet<i32> = opened_by(&b).union(&opened_by(&c)).copied().collect();
+            Ok(held == all && !opened_by(&c).is_empty())
+        },
+    )?;
+    std::thread::sleep(config.settle);
+
+    let model = &mut Model::default();
+    let (mut report, _) = finish(config, setup, &mut [&mut b, &mut c], &[&a], model)?;
+    report.killed = vec![a.name.clone()];
+    let moves = report.moves.clone();
+    report.overlapping_moves = check_moves(&moves, &a.name, &a_held)?;
+    report.killed_reopens = killed_reopens(&report, &a.name, &a_held);
+    let promoted: Vec<&(i32, String, u64)> = report
+        .killed_reopens
+        .iter()
+        .filter(|(_, kind, _)| kind == "standby")
+        .collect();
+    if promoted.is_empty() {
+        return Err(format!(
+            "no partition of the killed process was promoted from a standby: {:?}",
+            report.killed_reopens
+        )
+        .into());
     }
     Ok(report)
 }

@@ -49,6 +49,7 @@ pub fn scenario_config(
         settle: std::time::Duration::from_secs(3),
         session_timeout: std::time::Duration::from_secs(6),
         env: Vec::new(),
+        standbys: 0,
     }
 }
 

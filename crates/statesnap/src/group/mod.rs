@@ -127,8 +127,11 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::format::StoreFormat;
 use crate::repo::SnapshotId;
 use crate::restore::Source;
-use crate::runtime::{StateHandle, StateManager, StoreSpec};
+use crate::runtime::{StandbyHandle, StateHandle, StateManager, StoreSpec};
 use crate::store::logged::CommitInfo;
+
+mod standby;
+pub use standby::place_standbys;
 
 /// The key under which each store keeps its input partition's position
 /// (the next input offset its committed state does not cover), as 8
@@ -163,6 +166,10 @@ pub struct GroupOptions {
     /// The first retry's delay; each retry doubles it, up to 5 s (default
     /// 200 ms).
     pub retry_backoff: Duration,
+    /// How long an assignment waits for a standby of the partition to
+    /// catch up with its changelog when it is promoted (default 30 s);
+    /// past it the store is opened instead.
+    pub promote_deadline: Duration,
 }
 
 impl Default for GroupOptions {
@@ -170,6 +177,7 @@ impl Default for GroupOptions {
         GroupOptions {
             open_timeout: Duration::from_secs(120),
             retry_backoff: Duration::from_millis(200),
+            promote_deadline: Duration::from_secs(30),
         }
     }
 }
@@ -183,6 +191,9 @@ pub enum MoveKind {
         source: Source,
         /// Changelog records replayed on top of it.
         records_replayed: u64,
+        /// Bytes downloaded from the repository (none for a local store
+        /// or a promoted standby).
+        bytes_downloaded: u64,
         /// Snapshots newer than the source that were not used.
         snapshots_skipped: usize,
         /// The input offset consumption resumes at (`None`: from the
@@ -349,6 +360,7 @@ pub fn recorded_position<F: StoreFormat, C: Changelog>(
     Ok(Some(i64::from_be_bytes(bytes)))
 }
 
+type StandbyMap<F, C> = BTreeMap<(String, i32), StandbyHandle<F, C>>;
 type PartitionMap<F, C> = BTreeMap<(String, i32), Partition<F, C>>;
 
 /// An rdkafka [`ConsumerContext`] that opens and closes one statesnap store
@@ -359,6 +371,9 @@ pub struct GroupContext<S: PartitionStores> {
     stores: S,
     options: GroupOptions,
     partitions: Mutex<PartitionMap<S::Format, S::Changelog>>,
+    /// Warm standbys of partitions other members own
+    /// ([`GroupContext::set_standbys`]).
+    standbys: Mutex<StandbyMap<S::Format, S::Changelog>>,
     moves: Mutex<Vec<PartitionMove>>,
     error: Mutex<Option<Error>>,
 }
@@ -391,6 +406,7 @@ impl<S: PartitionStores> GroupContext<S> {
             stores,
             options,
             partitions: Mutex::new(BTreeMap::new()),
+            standbys: Mutex::new(BTreeMap::new()),
             moves: Mutex::new(Vec::new()),
             error: Mutex::new(None),
         }
@@ -470,11 +486,13 @@ impl<S: PartitionStores> GroupContext<S> {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Hands every open store off (as a revoke does) — call it before
-    /// leaving the group on a graceful shutdown, then drop the consumer.
+    /// Hands every open store off (as a revoke does) and stops the
+    /// standbys — call it before leaving the group on a graceful shutdown,
+    /// then drop the consumer.
     pub fn close_all(&self) {
         let keys = self.assigned();
         self.close(keys, false);
+        self.set_standbys(Vec::new());
     }
 
     /// The moves so far, oldest first; clears the list.
@@ -502,18 +520,31 @@ impl<S: PartitionStores> GroupContext<S> {
         lock(&self.moves).push(m);
     }
 
+    /// Opens the store of a newly assigned partition: promotes this
+    /// member's standby of it if it has one, else (or if the promotion
+    /// fails) opens it, retrying transient failures.
     async fn open_one(
         &self,
         topic: &str,
         partition: i32,
     ) -> (Result<Partition<S::Format, S::Changelog>>, u32) {
+        let mut fallback = match self.take_standby(topic, partition) {
+            Some(standby) => match self.promote(standby, topic, partition).await {
+                Ok(handle) => return (Partition::new(handle), 1),
+                Err(spec) => spec,
+            },
+            None => None,
+        };
         let deadline = Instant::now() + self.options.open_timeout;
         let mut delay = self.options.retry_backoff;
         let mut attempts = 0;
         loop {
             attempts += 1;
             let result: Result<Partition<S::Format, S::Changelog>> = async {
-                let spec = self.stores.spec(topic, partition)?;
+                let spec = match fallback.take() {
+                    Some(spec) => spec,
+                    None => self.stores.spec(topic, partition)?,
+                };
                 Partition::new(self.manager.open(spec).await?)
             }
             .await;
@@ -553,6 +584,7 @@ impl<S: PartitionStores> GroupContext<S> {
                     let kind = MoveKind::Opened {
                         source: report.source.clone(),
                         records_replayed: report.replay.records,
+                        bytes_downloaded: report.transfer.bytes_downloaded,
                         snapshots_skipped: report.skipped.len(),
                         resume_at: p.committed,
                         attempts,
