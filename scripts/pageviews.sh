@@ -3,13 +3,16 @@
 # installs and starts tansu (Kafka protocol) and s3s-fs (S3 protocol) on
 # 127.0.0.1 as scripts/test.sh does, builds, then runs
 #
-#   scripts/pageviews.sh                 the scenario, then the bench at 1 M keys
+#   scripts/pageviews.sh                 the scenarios, then the bench at 1 M keys
 #   scripts/pageviews.sh scenario [...]  processes join, leave and are killed while
 #                                        input flows; checked against a model; the
 #                                        per-move report (`pageviews scenario --help`)
 #   scripts/pageviews.sh reshard [...]   the partition count changes (default 6 -> 12
 #                                        -> 4, `--layout`) through reshards of the
 #                                        state; each generation checked against a model
+#   scripts/pageviews.sh standby [...]   warm standbys: a process is SIGKILLed and the
+#                                        survivor promotes its standbys of the killed
+#                                        one's partitions; checked against a model
 #   scripts/pageviews.sh bench [...]     time to ready of a moved partition, handoff
 #                                        vs full replay (`--keys N`, default 1 000 000)
 #
@@ -31,14 +34,16 @@ what="${1:-all}"
 case "$what" in
   scenario) "$bin" scenario "$@" ;;
   reshard) "$bin" reshard "$@" ;;
+  standby) "$bin" standby "$@" ;;
   bench) "$bin" bench "$@" ;;
   all)
     "$bin" scenario
     "$bin" reshard
+    "$bin" standby
     "$bin" bench
     ;;
   *)
-    echo "usage: scripts/pageviews.sh [scenario|reshard|bench] [options]" >&2
+    echo "usage: scripts/pageviews.sh [scenario|reshard|standby|bench] [options]" >&2
     exit 2
     ;;
 esac
