@@ -10,8 +10,8 @@ use std::time::Duration;
 use plotters::prelude::*;
 use serde_json::json;
 use statesnap::bench::{
-    self, BackupComparison, ConcurrentRestores, DeltaCase, ReplayCase, ReshardCase, ScalePoint,
-    StoreType, Throughput,
+    self, BackupComparison, ConcurrentRestores, DeltaCase, Failover, ReplayCase, ReshardCase,
+    ScalePoint, StoreType, Throughput,
 };
 use statesnap::{Error, ErrorKind, Result};
 
@@ -33,6 +33,9 @@ struct Sizes {
     reshard_keys: u64,
     /// `(from, to, records per key)` of each reshard measured.
     reshard_cases: &'static [(u32, u32, u32)],
+    /// The failover: keys, the input's records per second, how long it
+    /// flows (ms).
+    failover: (u64, u64, u64),
 }
 
 const FULL: Sizes = Sizes {
@@ -47,6 +50,7 @@ const FULL: Sizes = Sizes {
     partition_keys: 250_000,
     reshard_keys: 4_000_000,
     reshard_cases: RESHARD_CASES,
+    failover: (1_000_000, 200_000, 4_000),
 };
 
 /// `--scale` adds this size to the series (about 1.8 GB; 4x that free).
@@ -64,6 +68,7 @@ const QUICK: Sizes = Sizes {
     partition_keys: 5_000,
     reshard_keys: 40_000,
     reshard_cases: RESHARD_CASES,
+    failover: (20_000, 20_000, 500),
 };
 
 /// Split and merge with one record per key (the replay's best case), and
@@ -134,7 +139,58 @@ fn rows(m: &Measured) -> Vec<Row> {
     scale_rows(&m.scale, &mut rows);
     partitions_row(&m.partitions, &mut rows);
     reshard_rows(&m.reshard, &mut rows);
+    failover_rows(&m.failover, &mut rows);
     rows
+}
+
+/// A crashed owner's partition made ready by promoting a warm standby,
+/// against the two ways back without one; and the standby's pace.
+fn failover_rows(f: &Failover, rows: &mut Vec<Row>) {
+    let what = format!(
+        "failover of a RocksDB partition, {} keys, input at {} records/s, owner dropped \
+         without a handoff: promoted standby",
+        f.keys, f.target_records_per_sec
+    );
+    let standby = format!(
+        "{} ({} records replayed, {} downloaded)",
+        secs(f.standby_secs),
+        f.standby_replayed,
+        out::bytes(f.standby_downloaded)
+    );
+    rows.push([
+        format!("{what} vs newest snapshot + tail"),
+        standby.clone(),
+        format!(
+            "{} ({} records replayed, {} downloaded)",
+            secs(f.snapshot_tail_secs),
+            f.snapshot_tail_replayed,
+            out::bytes(f.snapshot_tail_downloaded)
+        ),
+        times(f.standby_secs, f.snapshot_tail_secs),
+    ]);
+    rows.push([
+        format!("{what} vs full replay"),
+        standby,
+        format!(
+            "{} ({} records)",
+            secs(f.full_replay_secs),
+            f.full_replay_records
+        ),
+        times(f.standby_secs, f.full_replay_secs),
+    ]);
+    rows.push([
+        "a standby following that input: records applied per second vs committed per second"
+            .to_owned(),
+        format!(
+            "{:.0}/s (lag at most {} records, {} ms)",
+            f.standby_follow_records_per_sec, f.standby_max_lag_records, f.standby_max_lag_ms
+        ),
+        format!("{:.0}/s", f.flow_records_per_sec),
+        format!(
+            "{:.2}x",
+            f.standby_follow_records_per_sec / f.flow_records_per_sec.max(1e-9)
+        ),
+    ]);
 }
 
 /// Reshards against replaying the sources into the new layout, and
@@ -532,6 +588,7 @@ struct Measured {
     scale: Vec<ScalePoint>,
     partitions: ConcurrentRestores,
     reshard: Vec<ReshardCase>,
+    failover: Failover,
 }
 
 pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
@@ -581,7 +638,20 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
         reshard.push(bench::reshard_vs_replay(&dir, keys, history, from, to).await?);
         sp.finish_and_clear();
     }
+    let (keys, rate, flow_ms) = sizes.failover;
+    let sp = out.spinner(&format!(
+        "failover: promoted standby vs snapshot + tail vs full replay, {keys} keys at {rate} records/s"
+    ));
+    let failover = bench::failover(
+        &dir.join("failover"),
+        keys,
+        rate,
+        Duration::from_millis(flow_ms),
+    )
+    .await?;
+    sp.finish_and_clear();
     let m = Measured {
+        failover,
         reshard,
         replay,
         backup,
@@ -683,6 +753,7 @@ fn report(a: &BenchArgs, out_dir: &Path, m: &Measured, out: Out) -> Result<()> {
         "scale": m.scale,
         "partitions": m.partitions,
         "reshard": m.reshard,
+        "failover": m.failover,
     });
     let pretty = serde_json::to_string_pretty(&result)
         .map_err(|e| Error::new(ErrorKind::Internal, "cannot encode the results").with_source(e))?;

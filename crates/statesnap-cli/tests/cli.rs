@@ -1135,8 +1135,21 @@ fn bench_quick_writes_markdown_json_and_a_chart() {
         b["restore_breakdown"]["transfer_secs"].as_f64().unwrap() > 0.0,
         "{b}"
     );
+    let f = &v["failover"];
+    assert_eq!(f["keys"], 20_000, "{f}");
+    assert_eq!(
+        f["standby_downloaded"], 0,
+        "a promotion downloads nothing: {f}"
+    );
+    assert_eq!(
+        f["standby_replayed"], f["lag_at_promote"],
+        "a promotion replays the lag it finds: {f}"
+    );
+    assert!(f["snapshot_tail_downloaded"].as_u64().unwrap() > 0, "{f}");
+    assert!(f["full_replay_records"].as_u64().unwrap() >= 20_000, "{f}");
     assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
     let md = std::fs::read_to_string(out_dir.join("bench.md")).unwrap();
+    assert!(md.contains("promoted standby"), "{md}");
     assert!(
         md.contains("| measure | statesnap | compared with | ratio |"),
         "{md}"

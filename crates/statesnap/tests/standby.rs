@@ -16,6 +16,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::recorder::Recorded;
 use common::{Kv, Rng, contents};
 use proptest::prelude::*;
 use statesnap::changelog::file::{CompactOptions, FileChangelog, FileChangelogOptions};
@@ -714,6 +715,62 @@ async fn a_standby_writes_nothing_and_one_writer_per_manager_holds() {
         .unwrap_err();
     assert_eq!(e.reason(), Some(Reason::InUse));
     m.shutdown().await;
+}
+
+/// A standby's lag, what it followed and its promotion reach the
+/// `metrics` facade.
+#[test]
+fn standby_lag_and_promotion_reach_the_metrics_facade() {
+    let rec = Recorded::default();
+    let rt = common::rt();
+    // The standby's handles are registered on this thread (in `standby`),
+    // so they stay bound to `rec` wherever its task runs.
+    metrics::with_local_recorder(&rec, || {
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let (repo, _) = common::memory_repo();
+            let m = manager(repo, fast());
+            let log = Tap::new(open_log(&dir.path().join("log")));
+            let (mut history, mut rng) = (History::default(), Rng(29));
+            let mut owner = open(
+                &m,
+                StoreSpec::memory(key(), log.clone(), dir.path().join("o")),
+            )
+            .await;
+            write_batch(&mut owner, &mut history, &mut rng, 40);
+            snapshot(&mut owner).await;
+            let sb = m
+                .standby(StoreSpec::memory(key(), log.view(), dir.path().join("s")))
+                .unwrap();
+            sb.ready(Duration::from_secs(30)).await.unwrap();
+            let mut last = 0;
+            for _ in 0..5 {
+                last = write_batch(&mut owner, &mut history, &mut rng, 40);
+            }
+            caught_up(&sb, last).await;
+            let followed = sb.status().records_followed;
+            assert!(followed > 0);
+            // The counter is bumped right after the poll applied.
+            for _ in 0..500 {
+                if rec.counter("statesnap_standby_followed_records_total") == followed {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(
+                rec.counter("statesnap_standby_followed_records_total"),
+                followed
+            );
+            assert_eq!(rec.gauge("statesnap_standby_lag_records"), 0.0);
+            owner.abandon().await;
+            let h = sb.promote(Duration::from_secs(10)).await.unwrap();
+            assert_eq!(rec.samples("statesnap_standby_promote_seconds"), 1);
+            // The owner's open and the promotion's.
+            assert_eq!(rec.samples("statesnap_open_seconds"), 2);
+            h.abandon().await;
+            m.shutdown().await;
+        });
+    });
 }
 
 #[derive(Debug, Clone)]

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod data;
+pub mod recorder;
 
 use bytes::Bytes;
 use object_store::memory::InMemory;
