@@ -773,6 +773,61 @@ fn standby_lag_and_promotion_reach_the_metrics_facade() {
     });
 }
 
+/// A standby dropped in the middle of its bootstrap holds its directory
+/// until the step ends: an open of the same store meanwhile is refused
+/// `transient` (not `config`), and succeeds once retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_standby_lets_its_directory_go_and_an_open_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _) = common::memory_repo();
+    let m = manager(repo.clone(), fast());
+    let log = Tap::new(open_log(&dir.path().join("log")));
+    let (mut history, mut rng) = (History::default(), Rng(31));
+    let mut owner = open(
+        &m,
+        StoreSpec::rocksdb(key(), log.clone(), dir.path().join("o")),
+    )
+    .await;
+    for _ in 0..5 {
+        write_batch(&mut owner, &mut history, &mut rng, 40);
+    }
+    snapshot(&mut owner).await;
+    let last = write_batch(&mut owner, &mut history, &mut rng, 40);
+    owner.abandon().await;
+    // A slow log: the standby's bootstrap replays its tail for a while.
+    let view = log.view();
+    view.delay_ms.store(100, Ordering::SeqCst);
+    let sb = m
+        .standby(StoreSpec::rocksdb(
+            key(),
+            view.clone(),
+            dir.path().join("s"),
+        ))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(sb);
+    let mut refusals = 0;
+    let h = loop {
+        match m
+            .open(StoreSpec::rocksdb(key(), log.view(), dir.path().join("s")))
+            .await
+        {
+            Ok(h) => break h,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+                assert_eq!(e.reason(), Some(Reason::InUse), "{e}");
+                refusals += 1;
+                assert!(refusals < 500, "the dropped standby never let go");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    assert!(refusals > 0, "the open came after the standby had let go");
+    assert_eq!(h.store().applied_offset().unwrap(), Some(last));
+    assert_eq!(contents(h.store()), history.now);
+    m.shutdown().await;
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     /// Commit a batch of this many writes.

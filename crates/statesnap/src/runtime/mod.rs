@@ -511,6 +511,23 @@ impl StateManager {
     /// one directory would each replace the other's store.
     fn register_dir(&self, canonical: &std::path::Path, key: &StoreKey) -> Result<()> {
         let mut dirs = lock(&self.inner.dirs);
+        if let Some(other) = dirs.get(canonical)
+            && other == key
+        {
+            // Only a standby of this store holds its directory besides its
+            // handle (which `register` already refused): one that is being
+            // stopped lets go once its current step has ended.
+            return Err(Error::new(
+                ErrorKind::Transient,
+                format!(
+                    "store directory is held by a standby of the same store in this manager \
+                     dir=`{}` store_key=`{key}`; promote the standby instead of opening, or retry \
+                     once the dropped standby has let go",
+                    canonical.display()
+                ),
+            )
+            .with_reason(crate::Reason::InUse));
+        }
         if let Some(other) = dirs.get(canonical) {
             return Err(Error::config(format!(
                 "store directory is already used by another open store of this manager \

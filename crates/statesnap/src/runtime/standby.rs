@@ -382,6 +382,9 @@ where
     async fn run(self: Arc<Self>, stop: CancellationToken) {
         let mut backoff = self.options.retry_backoff;
         loop {
+            if stop.is_cancelled() {
+                return;
+            }
             let due = lock(&self.state).due;
             let result = match due {
                 Some(cause) => self.clone().bootstrap(cause).await,
