@@ -75,32 +75,14 @@ enum Cmd {
     /// killed while input flows) and checks the result against a model.
     Scenario {
         #[command(flatten)]
-        servers: Servers,
-        /// Input partitions.
-        #[arg(long, default_value_t = 6)]
-        partitions: i32,
-        /// Input events per second.
-        #[arg(long, default_value_t = 1000)]
-        rate: u64,
-        /// Seconds each phase lets the group settle.
-        #[arg(long, default_value_t = 4)]
-        settle_secs: u64,
+        args: ScenarioArgs,
     },
     /// Warm standbys: two processes follow each other's partitions, one
     /// is SIGKILLed, and the other promotes its standbys of the killed
     /// one's partitions (nothing downloaded, only the lag replayed).
     Standby {
         #[command(flatten)]
-        servers: Servers,
-        /// Input partitions.
-        #[arg(long, default_value_t = 6)]
-        partitions: i32,
-        /// Input events per second.
-        #[arg(long, default_value_t = 1000)]
-        rate: u64,
-        /// Seconds each phase lets the group settle.
-        #[arg(long, default_value_t = 4)]
-        settle_secs: u64,
+        args: ScenarioArgs,
     },
     /// Changes the partition count through reshards of the state: the group
     /// runs, stops, its state is resharded into the next count, the input
@@ -127,6 +109,31 @@ enum Cmd {
         #[arg(long, default_value_t = 1_000_000)]
         keys: u64,
     },
+}
+
+/// A scenario's servers and pace.
+#[derive(clap::Args, Debug)]
+struct ScenarioArgs {
+    #[command(flatten)]
+    servers: Servers,
+    /// Input partitions.
+    #[arg(long, default_value_t = 6)]
+    partitions: i32,
+    /// Input events per second.
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// Seconds each phase lets the group settle.
+    #[arg(long, default_value_t = 4)]
+    settle_secs: u64,
+}
+
+impl ScenarioArgs {
+    /// The scenario these arguments describe, under a fresh id starting
+    /// with `prefix`.
+    fn config(self, prefix: &str) -> pageviews::Result<scenario::ScenarioConfig> {
+        self.servers
+            .scenario(prefix, self.partitions, self.rate, self.settle_secs)
+    }
 }
 
 /// The servers a scenario or bench runs against, and where it works.
@@ -247,13 +254,8 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             },
             Arc::new(AtomicBool::new(false)),
         ),
-        Cmd::Scenario {
-            servers,
-            partitions,
-            rate,
-            settle_secs,
-        } => {
-            let config = servers.scenario("pv", partitions, rate, settle_secs)?;
+        Cmd::Scenario { args } => {
+            let config = args.config("pv")?;
             let report = scenario::run(&config)?;
             println!("{}", scenario::table(&report));
             println!(
@@ -261,15 +263,10 @@ fn run(cli: Cli) -> pageviews::Result<()> {
             );
             Ok(())
         }
-        Cmd::Standby {
-            servers,
-            partitions,
-            rate,
-            settle_secs,
-        } => {
+        Cmd::Standby { args } => {
             let config = scenario::ScenarioConfig {
                 standbys: 1,
-                ..servers.scenario("pvs", partitions, rate, settle_secs)?
+                ..args.config("pvs")?
             };
             let report = scenario::run_standby(&config)?;
             println!("{}", scenario::table(&report));

@@ -24,6 +24,7 @@ use statesnap::changelog::{
     Changelog, ChangelogId, ChangelogReader, Horizon, Lineage, LoggedRecord, Record,
 };
 use statesnap::format::StoreFormat;
+use statesnap::format::portable::PortableFormat;
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::restore::Source;
 use statesnap::runtime::{
@@ -31,7 +32,7 @@ use statesnap::runtime::{
     StateManager, StoreSpec,
 };
 use statesnap::store::StateStore;
-use statesnap::{Error, ErrorKind, Reason, Repository, Result, StoreKey};
+use statesnap::{Error, ErrorKind, MemoryStore, Reason, Repository, Result, RocksFormat, StoreKey};
 
 /// A view of one or two file logs (the second: the same log recreated,
 /// a new lineage) that a test can make unreachable or slow. The owner and
@@ -273,18 +274,64 @@ async fn open<F: StoreFormat + 'static>(
     m.open(spec).await.unwrap()
 }
 
+/// How a test makes its store type's spec.
+type Make<F> = fn(Log, PathBuf) -> StoreSpec<F, Log>;
+
+fn memory(log: Log, dir: PathBuf) -> StoreSpec<PortableFormat<MemoryStore>, Log> {
+    StoreSpec::memory(key(), log, dir)
+}
+
+fn rocks(log: Log, dir: PathBuf) -> StoreSpec<RocksFormat, Log> {
+    StoreSpec::rocksdb(key(), log, dir)
+}
+
+/// What each test starts from: a directory, a repository in memory (and
+/// the object store under it), a manager, a file log behind a tap, and an
+/// owner of the store on it (in directory `o`), with a model of the log.
+struct World<F: StoreFormat + 'static> {
+    dir: tempfile::TempDir,
+    repo: Repository,
+    base: Arc<dyn object_store::ObjectStore>,
+    m: StateManager,
+    log: Log,
+    history: History,
+    rng: Rng,
+    owner: StateHandle<F, Log>,
+}
+
+impl<F: StoreFormat + 'static> World<F> {
+    async fn new(make: Make<F>, options: StandbyOptions, seed: u64) -> World<F> {
+        let dir = tempfile::tempdir().unwrap();
+        let (repo, base) = common::memory_repo();
+        let m = manager(repo.clone(), options);
+        let log = Tap::new(open_log(&dir.path().join("log")));
+        let owner = open(&m, make(log.clone(), dir.path().join("o"))).await;
+        World {
+            dir,
+            repo,
+            base,
+            m,
+            log,
+            history: History::default(),
+            rng: Rng(seed),
+            owner,
+        }
+    }
+}
+
 /// The whole life of a standby on one store type: bootstrap from a
 /// snapshot, follow while reads stay consistent, the owner dies, promote
 /// with the lag replayed and nothing downloaded, then write on.
-async fn follow_and_promote<F: StoreFormat + 'static>(
-    make: impl Fn(Log, PathBuf) -> StoreSpec<F, Log>,
-) {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = common::memory_repo();
-    let m = manager(repo, fast());
-    let log = Tap::new(open_log(&dir.path().join("log")));
-    let (mut history, mut rng) = (History::default(), Rng(7));
-    let mut owner = open(&m, make(log.clone(), dir.path().join("owner"))).await;
+async fn follow_and_promote<F: StoreFormat + 'static>(make: Make<F>) {
+    let World {
+        dir,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(make, fast(), 7).await;
     for _ in 0..20 {
         write_batch(&mut owner, &mut history, &mut rng, 50);
     }
@@ -349,36 +396,33 @@ async fn follow_and_promote<F: StoreFormat + 'static>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_standby_follows_and_is_promoted_exactly() {
-    follow_and_promote(|log, dir| StoreSpec::memory(key(), log, dir)).await;
+    follow_and_promote(memory).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rocksdb_standby_follows_and_is_promoted_exactly() {
-    follow_and_promote(|log, dir| StoreSpec::rocksdb(key(), log, dir)).await;
+    follow_and_promote(rocks).await;
 }
 
 /// Promotion replays exactly the records the standby had not applied when
 /// the owner died, and downloads nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promotion_replays_exactly_the_lag_at_the_kill() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = common::memory_repo();
     // A standby that polls once an hour: its lag at the kill is all that
     // was written after its bootstrap.
-    let m = manager(
-        repo,
-        StandbyOptions {
-            poll_interval: Duration::from_secs(3600),
-            ..StandbyOptions::default()
-        },
-    );
-    let log = Tap::new(open_log(&dir.path().join("log")));
-    let (mut history, mut rng) = (History::default(), Rng(11));
-    let mut owner = open(
-        &m,
-        StoreSpec::rocksdb(key(), log.clone(), dir.path().join("o")),
-    )
-    .await;
+    let hourly = StandbyOptions {
+        poll_interval: Duration::from_secs(3600),
+        ..StandbyOptions::default()
+    };
+    let World {
+        dir,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(rocks, hourly, 11).await;
     for _ in 0..10 {
         write_batch(&mut owner, &mut history, &mut rng, 40);
     }
@@ -407,18 +451,18 @@ async fn promotion_replays_exactly_the_lag_at_the_kill() {
 /// ordinary way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_changelog_grows_the_lag_and_following_resumes() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = common::memory_repo();
+    let World {
+        dir,
+        repo,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(memory, fast(), 5).await;
     // The standby's manager is another process's.
-    let m = manager(repo.clone(), fast());
     let other = manager(repo, fast());
-    let log = Tap::new(open_log(&dir.path().join("log")));
-    let (mut history, mut rng) = (History::default(), Rng(5));
-    let mut owner = open(
-        &m,
-        StoreSpec::memory(key(), log.clone(), dir.path().join("o")),
-    )
-    .await;
     let mut last = write_batch(&mut owner, &mut history, &mut rng, 40);
     snapshot(&mut owner).await;
     let view = log.view();
@@ -477,20 +521,20 @@ async fn an_unreachable_changelog_grows_the_lag_and_following_resumes() {
 /// repository is back — not by replaying the whole log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repository_down_at_bootstrap_is_retried() {
-    let dir = tempfile::tempdir().unwrap();
-    let (good, base) = common::memory_repo();
+    let World {
+        dir,
+        base,
+        m: owner_m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(memory, fast(), 3).await;
     let faulty = Arc::new(FaultyStore::new(base, FaultConfig::default()));
     let flaky =
         Repository::from_store(faulty.clone() as Arc<dyn object_store::ObjectStore>, "").unwrap();
-    let owner_m = manager(good, fast());
     let m = manager(flaky, fast());
-    let log = Tap::new(open_log(&dir.path().join("log")));
-    let (mut history, mut rng) = (History::default(), Rng(3));
-    let mut owner = open(
-        &owner_m,
-        StoreSpec::memory(key(), log.clone(), dir.path().join("o")),
-    )
-    .await;
     for _ in 0..10 {
         write_batch(&mut owner, &mut history, &mut rng, 40);
     }
@@ -528,16 +572,15 @@ async fn a_repository_down_at_bootstrap_is_retried() {
 /// from the newer snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_below_the_horizon_rebootstraps_from_a_snapshot() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = common::memory_repo();
-    let m = manager(repo, fast());
-    let log = Tap::new(open_log(&dir.path().join("log")));
-    let (mut history, mut rng) = (History::default(), Rng(9));
-    let mut owner = open(
-        &m,
-        StoreSpec::rocksdb(key(), log.clone(), dir.path().join("o")),
-    )
-    .await;
+    let World {
+        dir,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(rocks, fast(), 9).await;
     let mut last = write_batch(&mut owner, &mut history, &mut rng, 40);
     snapshot(&mut owner).await;
     let view = log.view();
@@ -582,16 +625,15 @@ async fn a_standby_below_the_horizon_rebootstraps_from_a_snapshot() {
 /// log that no longer exists; it rebootstraps from the new log's snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_lineage_rebootstraps_the_standby() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = common::memory_repo();
-    let m = manager(repo, fast());
-    let log = Tap::new(open_log(&dir.path().join("log")));
-    let (mut history, mut rng) = (History::default(), Rng(13));
-    let mut owner = open(
-        &m,
-        StoreSpec::memory(key(), log.clone(), dir.path().join("o")),
-    )
-    .await;
+    let World {
+        dir,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(memory, fast(), 13).await;
     let last = write_batch(&mut owner, &mut history, &mut rng, 40);
     snapshot(&mut owner).await;
     let view = log.view();
@@ -633,16 +675,15 @@ async fn a_new_lineage_rebootstraps_the_standby() {
 /// of following in a store nobody can find again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_directory_rebootstraps_the_standby() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = common::memory_repo();
-    let m = manager(repo, fast());
-    let log = Tap::new(open_log(&dir.path().join("log")));
-    let (mut history, mut rng) = (History::default(), Rng(19));
-    let mut owner = open(
-        &m,
-        StoreSpec::rocksdb(key(), log.clone(), dir.path().join("o")),
-    )
-    .await;
+    let World {
+        dir,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(rocks, fast(), 19).await;
     let mut last = write_batch(&mut owner, &mut history, &mut rng, 40);
     snapshot(&mut owner).await;
     let sb = m
@@ -679,16 +720,16 @@ async fn a_lost_directory_rebootstraps_the_standby() {
 /// given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_writes_nothing_and_one_writer_per_manager_holds() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = common::memory_repo();
-    let m = manager(repo.clone(), fast());
-    let log = Tap::new(open_log(&dir.path().join("log")));
-    let (mut history, mut rng) = (History::default(), Rng(23));
-    let mut owner = open(
-        &m,
-        StoreSpec::memory(key(), log.clone(), dir.path().join("o")),
-    )
-    .await;
+    let World {
+        dir,
+        repo,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(memory, fast(), 23).await;
     let last = write_batch(&mut owner, &mut history, &mut rng, 40);
     snapshot(&mut owner).await;
     let snaps = repo.catalog().list_snapshots(&key()).await.unwrap();
@@ -727,16 +768,15 @@ fn standby_lag_and_promotion_reach_the_metrics_facade() {
     // so they stay bound to `rec` wherever its task runs.
     metrics::with_local_recorder(&rec, || {
         rt.block_on(async {
-            let dir = tempfile::tempdir().unwrap();
-            let (repo, _) = common::memory_repo();
-            let m = manager(repo, fast());
-            let log = Tap::new(open_log(&dir.path().join("log")));
-            let (mut history, mut rng) = (History::default(), Rng(29));
-            let mut owner = open(
-                &m,
-                StoreSpec::memory(key(), log.clone(), dir.path().join("o")),
-            )
-            .await;
+            let World {
+                dir,
+                m,
+                log,
+                mut history,
+                mut rng,
+                mut owner,
+                ..
+            } = World::new(memory, fast(), 29).await;
             write_batch(&mut owner, &mut history, &mut rng, 40);
             snapshot(&mut owner).await;
             let sb = m
@@ -778,16 +818,15 @@ fn standby_lag_and_promotion_reach_the_metrics_facade() {
 /// `transient` (not `config`), and succeeds once retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_standby_lets_its_directory_go_and_an_open_retries() {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = common::memory_repo();
-    let m = manager(repo.clone(), fast());
-    let log = Tap::new(open_log(&dir.path().join("log")));
-    let (mut history, mut rng) = (History::default(), Rng(31));
-    let mut owner = open(
-        &m,
-        StoreSpec::rocksdb(key(), log.clone(), dir.path().join("o")),
-    )
-    .await;
+    let World {
+        dir,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(rocks, fast(), 31).await;
     for _ in 0..5 {
         write_batch(&mut owner, &mut history, &mut rng, 40);
     }
@@ -862,32 +901,31 @@ proptest! {
     #[test]
     fn a_standby_is_exact_whatever_happens(
         ops in prop::collection::vec(op(), 1..40),
-        rocks in any::<bool>(),
+        on_rocks in any::<bool>(),
         seed in any::<u64>(),
     ) {
         let rt = common::rt();
         rt.block_on(async move {
-            let kind = if rocks { Kind::Rocks } else { Kind::Memory };
+            let kind = if on_rocks { Kind::Rocks } else { Kind::Memory };
             match kind {
-                Kind::Memory => model_run(ops, seed, |log, dir| StoreSpec::memory(key(), log, dir)).await,
-                Kind::Rocks => model_run(ops, seed, |log, dir| StoreSpec::rocksdb(key(), log, dir)).await,
+                Kind::Memory => model_run(ops, seed, memory).await,
+                Kind::Rocks => model_run(ops, seed, rocks).await,
             }
         });
     }
 }
 
-async fn model_run<F: StoreFormat + 'static>(
-    ops: Vec<Op>,
-    seed: u64,
-    make: impl Fn(Log, PathBuf) -> StoreSpec<F, Log>,
-) {
-    let dir = tempfile::tempdir().unwrap();
-    let (repo, _) = common::memory_repo();
-    let m = manager(repo, fast());
-    let log = Tap::new(open_log(&dir.path().join("log")));
+async fn model_run<F: StoreFormat + 'static>(ops: Vec<Op>, seed: u64, make: Make<F>) {
+    let World {
+        dir,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(make, fast(), seed | 1).await;
     let view = log.view();
-    let (mut history, mut rng) = (History::default(), Rng(seed | 1));
-    let mut owner = open(&m, make(log.clone(), dir.path().join("o"))).await;
     let mut sb = None;
     let (mut last, mut dirty) = (None, false);
     for op in ops {

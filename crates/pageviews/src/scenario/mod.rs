@@ -508,31 +508,10 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
         },
     )?;
 
-    log("b is SIGKILLed");
-    b.child.kill()?;
-    b.child.wait()?;
-    // What b held, as far as its report got (it writes after each batch).
-    let b_held = opened_by(&b);
-    // The group notices at the session timeout. tansu 0.6.0 then
-    // rebalances but hands the survivors their previous assignment (the
-    // generation is not bumped and SyncGroup returns the stale one), so b's
-    // partitions stay unowned until the membership changes again: a joins
-    // back. A Kafka broker reassigns them at the session timeout.
-    std::thread::sleep(config.session_timeout + Duration::from_secs(2));
-
-    log("a comes back (its local stores are still there) and the group takes b's partitions");
-    let mut a2 = Proc::spawn(config, "a2")?;
-    wait_until(
-        "c and a2 to own every partition",
-        config.session_timeout * 4 + Duration::from_secs(60),
-        || {
-            c.check_alive()?;
-            a2.check_alive()?;
-            let held: BTreeSet<i32> = opened_by(&c).union(&opened_by(&a2)).copied().collect();
-            Ok(held == all && !opened_by(&a2).is_empty())
-        },
-    )?;
-    std::thread::sleep(settle);
+    log(
+        "b is SIGKILLed; a comes back (its local stores are still there) and the group takes b's partitions",
+    );
+    let (b_held, mut a2) = kill_and_join(config, &all, &mut b, &mut c, "a2")?;
 
     let model = &mut Model::default();
     let (mut report, _) = finish(config, setup, &mut [&mut c, &mut a2], &[&a, &b], model)?;
@@ -541,6 +520,42 @@ pub fn run(config: &ScenarioConfig) -> Result<ScenarioReport> {
     report.overlapping_moves = check_moves(&moves, &b.name, &b_held)?;
     report.killed_reopens = killed_reopens(&report, &b.name, &b_held);
     Ok(report)
+}
+
+/// SIGKILLs `victim`, then starts `newcomer` once the group has noticed,
+/// and waits until `survivor` and the newcomer own every partition (then
+/// lets them settle). Returns what the victim held, as far as its report
+/// got (it writes after each batch), and the newcomer.
+///
+/// The group notices at the session timeout. tansu 0.6.0 then rebalances
+/// but hands the survivors their previous assignment (the generation is
+/// not bumped and SyncGroup returns the stale one), so the victim's
+/// partitions stay unowned until the membership changes again: the
+/// newcomer joins. A Kafka broker reassigns them at the session timeout.
+fn kill_and_join(
+    config: &ScenarioConfig,
+    all: &BTreeSet<i32>,
+    victim: &mut Proc,
+    survivor: &mut Proc,
+    newcomer: &str,
+) -> Result<(BTreeSet<i32>, Proc)> {
+    victim.child.kill()?;
+    victim.child.wait()?;
+    let held = opened_by(victim);
+    std::thread::sleep(config.session_timeout + Duration::from_secs(2));
+    let mut n = Proc::spawn(config, newcomer)?;
+    wait_until(
+        &format!("{} and {newcomer} to own every partition", survivor.name),
+        config.session_timeout * 4 + Duration::from_secs(60),
+        || {
+            survivor.check_alive()?;
+            n.check_alive()?;
+            let held: BTreeSet<i32> = opened_by(survivor).union(&opened_by(&n)).copied().collect();
+            Ok(held == *all && !opened_by(&n).is_empty())
+        },
+    )?;
+    std::thread::sleep(config.settle);
+    Ok((held, n))
 }
 
 /// How each partition `killed` held came back: the next open after its
@@ -595,25 +610,8 @@ pub fn run_standby(config: &ScenarioConfig) -> Result<ScenarioReport> {
     )?;
     std::thread::sleep(config.settle);
 
-    log("a is SIGKILLed");
-    let a_held = opened_by(&a);
-    a.child.kill()?;
-    a.child.wait()?;
-    std::thread::sleep(config.session_timeout + Duration::from_secs(2));
-
-    log("c joins, and the group gives a's partitions out");
-    let mut c = Proc::spawn(config, "c")?;
-    wait_until(
-        "b and c to own every partition",
-        config.session_timeout * 4 + Duration::from_secs(60),
-        || {
-            b.check_alive()?;
-            c.check_alive()?;
-            let held: BTreeSet<i32> = opened_by(&b).union(&opened_by(&c)).copied().collect();
-            Ok(held == all && !opened_by(&c).is_empty())
-        },
-    )?;
-    std::thread::sleep(config.settle);
+    log("a is SIGKILLed; c joins, and the group gives a's partitions out");
+    let (a_held, mut c) = kill_and_join(config, &all, &mut a, &mut b, "c")?;
 
     let model = &mut Model::default();
     let (mut report, _) = finish(config, setup, &mut [&mut b, &mut c], &[&a], model)?;
