@@ -336,7 +336,14 @@ pub fn run(config: AppConfig, stop: Arc<AtomicBool>) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
         let produced = poll_batch(&consumer, &producer, &config)?;
         let ready = match standbys.as_mut() {
-            Some(s) => s.sync(consumer.context(), &config, manager.now_ms())?,
+            // Standbys are an optimisation: a board the broker cannot serve
+            // now is tried again at the next sync.
+            Some(s) => s
+                .sync(consumer.context(), &config, manager.now_ms())
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "membership board sync failed; retried");
+                    Vec::new()
+                }),
             None => Vec::new(),
         };
         write_moves(&consumer, ready)?;

@@ -750,11 +750,25 @@ async fn a_standby_writes_nothing_and_one_writer_per_manager_holds() {
         .standby(StoreSpec::memory(key(), log.view(), dir.path().join("p")).at_offset(0))
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Config);
-    // Nor is a directory another handle of this manager uses.
+    // Nor is a directory another handle of this manager uses, or another
+    // standby of the same store: both are configuration errors, as is a
+    // point-in-time open of the standby's directory.
     let e = m
         .standby(StoreSpec::memory(key(), log.view(), dir.path().join("o")))
         .unwrap_err();
     assert_eq!(e.reason(), Some(Reason::InUse));
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    let standby = err.standby;
+    let e = m
+        .standby(StoreSpec::memory(key(), log.view(), dir.path().join("s")))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    let e = m
+        .open(StoreSpec::memory(key(), log.view(), dir.path().join("s")).at_offset(0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    drop(standby);
     m.shutdown().await;
 }
 
@@ -863,6 +877,87 @@ async fn a_dropped_standby_lets_its_directory_go_and_an_open_retries() {
     };
     assert!(refusals > 0, "the open came after the standby had let go");
     assert_eq!(h.store().applied_offset().unwrap(), Some(last));
+    assert_eq!(contents(h.store()), history.now);
+    m.shutdown().await;
+}
+
+/// A promotion asked for while the standby is still bootstrapping is
+/// refused at once, the standby given back following; `into_spec` then
+/// stops it (without waiting for more than the restore in flight) and an
+/// ordinary open takes over. A standby whose directory was deleted is
+/// never promoted with the store it lost: the promotion is refused until
+/// it has bootstrapped again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_is_not_ready_is_never_promoted() {
+    let World {
+        dir,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(rocks, fast(), 37).await;
+    for _ in 0..3 {
+        write_batch(&mut owner, &mut history, &mut rng, 40);
+    }
+    snapshot(&mut owner).await;
+    let last = write_batch(&mut owner, &mut history, &mut rng, 40);
+    owner.abandon().await;
+    let view = log.view();
+    view.delay_ms.store(100, Ordering::SeqCst);
+    let sb = m
+        .standby(rocks(view.clone(), dir.path().join("s")))
+        .unwrap();
+    let err = sb.promote(Duration::from_secs(10)).await.unwrap_err();
+    assert_eq!(err.error.kind(), ErrorKind::Transient, "{}", err.error);
+    let spec = tokio::time::timeout(Duration::from_secs(60), err.standby.into_spec())
+        .await
+        .expect("into_spec after a refused promotion does not hang")
+        .unwrap();
+    view.delay_ms.store(0, Ordering::SeqCst);
+    let h = loop {
+        match m.open(rocks(log.view(), spec.dir.clone())).await {
+            Ok(h) => break h,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    drop(spec);
+    assert_eq!(h.store().applied_offset().unwrap(), Some(last));
+    assert_eq!(contents(h.store()), history.now);
+    h.abandon().await;
+
+    // The directory goes; the promotion right after must not hand over
+    // the store that followed in it.
+    let sb = m.standby(rocks(log.view(), dir.path().join("s2"))).unwrap();
+    sb.ready(Duration::from_secs(30)).await.unwrap();
+    caught_up(&sb, last).await;
+    std::fs::remove_dir_all(dir.path().join("s2")).unwrap();
+    let sb = match sb.promote(Duration::from_secs(10)).await {
+        Ok(_) => panic!("a standby whose directory is gone was promoted"),
+        Err(e) => {
+            assert_eq!(e.error.kind(), ErrorKind::Transient, "{}", e.error);
+            e.standby
+        }
+    };
+    let mut st = sb.status();
+    for _ in 0..1000 {
+        st = sb.status();
+        if st.bootstraps.len() == 2 && st.state == StandbyState::Following {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        st.bootstraps.last().unwrap().cause,
+        Some(RebootstrapCause::DirectoryLost),
+        "{st:?}"
+    );
+    let h = sb.promote(Duration::from_secs(10)).await.unwrap();
+    assert!(dir.path().join("s2").exists());
     assert_eq!(contents(h.store()), history.now);
     m.shutdown().await;
 }

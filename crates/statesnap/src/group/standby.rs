@@ -15,11 +15,14 @@ use crate::runtime::{StandbyHandle, StandbyStatus, StateHandle, StoreSpec};
 
 /// The standbys of a group: for each member (by a stable, unique name),
 /// the partitions it should follow. `owners` maps each live member to
-/// the partitions it owns. The members are put in name order; each one's
-/// partitions are followed by the next member in that order (the last
-/// one's by the first), so every owned partition gets exactly one standby
-/// on another member when there are two members or more, and none with
-/// one. The same `owners` gives the same placement on every member.
+/// the partitions it owns. The members are put in name order; each
+/// partition is followed by the first member after its owner in that
+/// order (wrapping around) that does not claim it too. So every owned
+/// partition gets exactly one standby, never on a member that claims it —
+/// none when every member claims it (a group of one). A partition two
+/// members claim (a view caught mid-rebalance) counts as the first one's
+/// in name order. The same `owners` gives the same placement on every
+/// member.
 pub fn place_standbys<P: Ord + Clone>(
     owners: &BTreeMap<String, BTreeSet<P>>,
 ) -> BTreeMap<String, BTreeSet<P>> {
@@ -28,19 +31,21 @@ pub fn place_standbys<P: Ord + Clone>(
         .iter()
         .map(|n| ((*n).clone(), BTreeSet::new()))
         .collect();
-    if names.len() < 2 {
-        return placed;
-    }
+    // Each partition once, with its first claimant in name order.
+    let mut first_owner: BTreeMap<&P, usize> = BTreeMap::new();
     for (i, name) in names.iter().enumerate() {
-        let next = names[(i + 1) % names.len()];
-        let owned_by_next = &owners[next];
-        if let Some(set) = placed.get_mut(next) {
-            set.extend(
-                owners[*name]
-                    .iter()
-                    .filter(|p| !owned_by_next.contains(p))
-                    .cloned(),
-            );
+        for p in &owners[*name] {
+            first_owner.entry(p).or_insert(i);
+        }
+    }
+    for (p, owner) in first_owner {
+        let follower = (1..names.len())
+            .map(|step| names[(owner + step) % names.len()])
+            .find(|n| !owners[*n].contains(p));
+        if let Some(n) = follower
+            && let Some(set) = placed.get_mut(n)
+        {
+            set.insert(p.clone());
         }
     }
     placed
@@ -152,10 +157,15 @@ mod tests {
         assert_eq!(all.len(), 6);
         // One member: nobody to follow for it.
         assert!(place_standbys(&owners(&[("a", &[0, 1])]))["a"].is_empty());
-        // A partition two members claim (a view caught mid-rebalance) is
-        // never followed by one of its owners.
-        let placed = place_standbys(&owners(&[("a", &[0, 1]), ("b", &[1])]));
+        // A partition two members claim (a view caught mid-rebalance) gets
+        // one standby, on neither of them.
+        let placed = place_standbys(&owners(&[("a", &[1]), ("b", &[]), ("c", &[1]), ("d", &[])]));
+        assert_eq!(placed["b"], set(&[1]));
+        assert!(placed["a"].is_empty() && placed["c"].is_empty() && placed["d"].is_empty());
+        // An owner's next member claims it too: the one after that follows.
+        let placed = place_standbys(&owners(&[("a", &[0, 1]), ("b", &[1]), ("c", &[])]));
         assert_eq!(placed["b"], set(&[0]));
-        assert!(placed["a"].is_empty() || !placed["a"].contains(&1));
+        assert_eq!(placed["c"], set(&[1]));
+        assert!(placed["a"].is_empty());
     }
 }

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use super::policy::{self, PolicyInput, SnapshotPolicy, Trigger};
 use super::status::{Shared, StoreStatus};
-use super::{StateManager, StoreSpec, cancelled, lock};
+use super::{DirUse, StateManager, StoreSpec, cancelled, lock};
 use crate::changelog::Changelog;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::StoreFormat;
@@ -107,7 +107,11 @@ where
     // The directory is this handle's before anything reads or changes it:
     // one spec per directory in a manager (config), one owner per
     // directory anywhere (transient).
-    let owner = Arc::new(OwnedDir::take(&manager, &store_key, &dir)?);
+    let by = match at_offset {
+        Some(_) => DirUse::PointInTime,
+        None => DirUse::Handle,
+    };
+    let owner = Arc::new(OwnedDir::take(&manager, &store_key, &dir, by)?);
     let options = RestoreOptions {
         local_first: true,
         until: at_offset,
@@ -321,9 +325,15 @@ pub(super) struct OwnedDir {
 }
 
 impl OwnedDir {
-    pub(super) fn take(manager: &StateManager, key: &StoreKey, dir: &Path) -> Result<OwnedDir> {
+    /// Takes `dir` for `key`'s handle, or its standby's (`by`).
+    pub(super) fn take(
+        manager: &StateManager,
+        key: &StoreKey,
+        dir: &Path,
+        by: DirUse,
+    ) -> Result<OwnedDir> {
         let canonical = canonical_dir(dir)?;
-        manager.register_dir(&canonical, key)?;
+        manager.register_dir(&canonical, key, by)?;
         match DirLock::acquire(dir) {
             Ok(lock) => Ok(OwnedDir {
                 lock,
@@ -335,6 +345,13 @@ impl OwnedDir {
                 Err(e)
             }
         }
+    }
+}
+
+impl OwnedDir {
+    /// The directory passes from a standby to its promoted handle.
+    pub(super) fn promoted(&self) {
+        self.manager.held_by_handle(&self.canonical);
     }
 }
 

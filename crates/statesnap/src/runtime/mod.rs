@@ -298,9 +298,21 @@ struct Inner {
     transfers: Arc<tokio::sync::Semaphore>,
     /// Open stores, with the status cell their handle updates.
     open: Mutex<BTreeMap<StoreKey, Arc<status::Shared>>>,
-    /// The directories of open handles (canonical paths), and whose.
-    dirs: Mutex<BTreeMap<PathBuf, StoreKey>>,
+    /// The directories of open handles and standbys (canonical paths),
+    /// whose, and what holds it.
+    dirs: Mutex<BTreeMap<PathBuf, (StoreKey, DirUse)>>,
     rates: Mutex<RateBook>,
+}
+
+/// What holds a store directory in a manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DirUse {
+    /// A handle that writes (or will).
+    Handle,
+    /// A read-only point-in-time handle.
+    PointInTime,
+    /// A standby.
+    Standby,
 }
 
 /// The rates estimates use, and which of them this process measured.
@@ -509,14 +521,14 @@ impl StateManager {
 
     /// Claims directory `canonical` for `key`'s handle: two specs naming
     /// one directory would each replace the other's store.
-    fn register_dir(&self, canonical: &std::path::Path, key: &StoreKey) -> Result<()> {
+    fn register_dir(&self, canonical: &std::path::Path, key: &StoreKey, by: DirUse) -> Result<()> {
         let mut dirs = lock(&self.inner.dirs);
-        if let Some(other) = dirs.get(canonical)
+        if let Some((other, DirUse::Standby)) = dirs.get(canonical)
             && other == key
+            && by == DirUse::Handle
         {
-            // Only a standby of this store holds its directory besides its
-            // handle (which `register` already refused): one that is being
-            // stopped lets go once its current step has ended.
+            // A standby of this very store: it is promoted, or, dropped,
+            // lets go once its current step has ended.
             return Err(Error::new(
                 ErrorKind::Transient,
                 format!(
@@ -528,17 +540,25 @@ impl StateManager {
             )
             .with_reason(crate::Reason::InUse));
         }
-        if let Some(other) = dirs.get(canonical) {
+        if let Some((other, _)) = dirs.get(canonical) {
             return Err(Error::config(format!(
-                "store directory is already used by another open store of this manager \
-                 dir=`{}` store_key=`{key}` used_by=`{other}`; give each store partition a \
-                 directory of its own (e.g. include the partition in the path)",
+                "store directory is already used by another open store or standby of this \
+                 manager dir=`{}` store_key=`{key}` used_by=`{other}`; give each store \
+                 partition a directory of its own (e.g. include the partition in the path)",
                 canonical.display()
             ))
             .with_reason(crate::Reason::InUse));
         }
-        dirs.insert(canonical.to_path_buf(), key.clone());
+        dirs.insert(canonical.to_path_buf(), (key.clone(), by));
         Ok(())
+    }
+
+    /// Records that directory `canonical` is now held by a handle (a
+    /// promoted standby's).
+    fn held_by_handle(&self, canonical: &std::path::Path) {
+        if let Some(entry) = lock(&self.inner.dirs).get_mut(canonical) {
+            entry.1 = DirUse::Handle;
+        }
     }
 
     fn deregister_dir(&self, canonical: &std::path::Path) {

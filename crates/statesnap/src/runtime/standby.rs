@@ -103,6 +103,9 @@ pub enum RebootstrapCause {
     HistoryLost,
     /// The standby's directory disappeared under it.
     DirectoryLost,
+    /// A promotion failed after it had taken the store (the changelog
+    /// could not be reached when the handle was made).
+    PromotionFailed,
 }
 
 impl RebootstrapCause {
@@ -113,6 +116,7 @@ impl RebootstrapCause {
             RebootstrapCause::LineageChanged => "lineage_changed",
             RebootstrapCause::HistoryLost => "history_lost",
             RebootstrapCause::DirectoryLost => "directory_lost",
+            RebootstrapCause::PromotionFailed => "promotion_failed",
         }
     }
 
@@ -333,7 +337,12 @@ where
         )));
     }
     // The directory is the standby's alone, as an open handle's is.
-    let owner = Arc::new(OwnedDir::take(&manager, &store_key, &dir)?);
+    let owner = Arc::new(OwnedDir::take(
+        &manager,
+        &store_key,
+        &dir,
+        super::DirUse::Standby,
+    )?);
     let now = manager.now_ms();
     let follower = Arc::new(Follower {
         metrics: Metrics::new(&store_key),
@@ -387,7 +396,13 @@ where
             }
             let due = lock(&self.state).due;
             let result = match due {
-                Some(cause) => self.clone().bootstrap(cause).await,
+                // A stop does not wait for the bootstrap: a restore already
+                // on its blocking thread finishes there, holding the
+                // directory until it ends.
+                Some(cause) => tokio::select! {
+                    r = self.clone().bootstrap(cause) => r,
+                    () = stop.cancelled() => return,
+                },
                 None => {
                     let f = self.clone();
                     crate::util::blocking(move || f.poll(false))
@@ -483,19 +498,26 @@ where
     /// log looks idle. Returns the replay, if one ran.
     fn poll(&self, force: bool) -> Result<Option<ReplayReport>> {
         let started_ms = self.manager.now_ms();
-        {
+        let lost = {
             let st = lock(&self.state);
-            if st.dir_present && !self.dir.exists() {
-                drop(st);
-                self.due(RebootstrapCause::DirectoryLost);
-                return Ok(None);
-            }
+            st.dir_present && !self.dir.exists()
+        };
+        if lost {
+            // Never read or promoted again: it follows in files nobody can
+            // find.
+            let gone = lock(&self.store).take();
+            self.ready.send_replace(false);
+            self.due(RebootstrapCause::DirectoryLost);
+            drop(gone);
+            return Ok(None);
         }
+        // Asked before the store is locked: reads do not wait on the
+        // broker.
+        let end = self.changelog.end_offset()?;
         let mut guard = lock(&self.store);
         let Some(store) = guard.as_mut() else {
             return Ok(None);
         };
-        let end = self.changelog.end_offset()?;
         let applied = store.applied_offset()?;
         let next = applied.map_or(0, |a| a.saturating_add(1));
         let check_due = {
@@ -582,6 +604,9 @@ where
 {
     /// Starts (or restarts) the follower task.
     fn resume(&mut self) {
+        if self.task.is_some() {
+            return;
+        }
         let f = &self.follower;
         let inner = &f.manager.inner;
         let stop = inner.cancel.child_token();
@@ -715,7 +740,11 @@ where
         deadline: Duration,
     ) -> std::result::Result<StateHandle<F, C>, PromoteError<F, C>> {
         let started = Instant::now();
-        let until = tokio::time::Instant::now() + deadline;
+        let now = tokio::time::Instant::now();
+        // A deadline too far to represent is no deadline.
+        let until = now
+            .checked_add(deadline)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         // A standby that is bootstrapping is not paused: that would wait
         // for its restore.
         let result = match self.not_ready() {
@@ -725,6 +754,7 @@ where
                 self.try_promote(started, until).await
             }
         };
+        // Following again (a no-op for a standby that was never paused).
         match result {
             Ok(h) => {
                 metrics::histogram!("statesnap_standby_promote_seconds")
@@ -746,7 +776,9 @@ where
     /// rebootstrap is due.
     fn not_ready(&self) -> Option<Error> {
         let f = &self.follower;
-        let has_store = lock(&f.store).is_some();
+        // `ready` says whether a store is in place without taking its lock
+        // (a poll may hold it for a while).
+        let has_store = *f.ready.borrow();
         let due = lock(&f.state).due;
         if has_store && due.is_none() {
             return None;
@@ -799,7 +831,17 @@ where
                 ));
             }
         };
-        let Some(store) = lock(&f.store).take() else {
+        let Some(bootstrap) = lock(&f.state).last_report.clone() else {
+            return Err(Error::internal(format!(
+                "a bootstrapped standby has no bootstrap report store_key=`{}`",
+                f.key
+            )));
+        };
+        let taken = match lock(&f.state).due {
+            Some(_) => None,
+            None => lock(&f.store).take(),
+        };
+        let Some(store) = taken else {
             let due = lock(&f.state).due.flatten();
             return Err(Error::new(
                 ErrorKind::Transient,
@@ -813,12 +855,6 @@ where
         };
         f.ready.send_replace(false);
         lock(&f.state).state = StandbyState::Stopped;
-        let Some(bootstrap) = lock(&f.state).last_report.clone() else {
-            return Err(Error::internal(format!(
-                "a bootstrapped standby has no bootstrap report store_key=`{}`",
-                f.key
-            )));
-        };
         let report = promoted_report(bootstrap, applied_before, report);
         let parts = Parts {
             format: f.format.clone(),
@@ -830,11 +866,14 @@ where
             read_only: None,
         };
         match handle::assemble(manager, shared, registered, parts, started) {
-            Ok(h) => Ok(h),
+            Ok(h) => {
+                f.owner.promoted();
+                Ok(h)
+            }
             Err(e) => {
-                // The store was refused by its changelog (it lost records
-                // between the poll and here): the standby rebootstraps.
-                f.due(RebootstrapCause::HistoryLost);
+                // The store went into the failed handle: the standby
+                // bootstraps again (from the local store if it is valid).
+                f.due(RebootstrapCause::of(&e).unwrap_or(RebootstrapCause::PromotionFailed));
                 Err(e)
             }
         }
@@ -847,19 +886,11 @@ where
     pub async fn into_spec(mut self) -> Result<StoreSpec<F, C>> {
         self.pause().await;
         let policy = self.policy.take();
-        let mut f = self.follower.clone();
+        let f = self.follower.clone();
         drop(self);
         // The follower task has ended and the handle is gone: the last
         // other reference is a replay a timed-out promotion left running.
-        let follower = loop {
-            match Arc::try_unwrap(f) {
-                Ok(x) => break x,
-                Err(back) => {
-                    f = back;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        };
+        let follower = last_reference(f).await;
         let Follower {
             key,
             format,
@@ -873,13 +904,10 @@ where
         // The store closes, then the directory is released.
         drop(store);
         drop(owner);
-        let shared = |what: &str| {
-            Error::internal(format!(
-                "the standby's {what} is still shared after it stopped store_key=`{key}`"
-            ))
-        };
-        let format = Arc::try_unwrap(format).map_err(|_| shared("format"))?;
-        let changelog = Arc::try_unwrap(changelog).map_err(|_| shared("changelog"))?;
+        // A restore a stop left running on its blocking thread holds them
+        // until it ends.
+        let format = last_reference(format).await;
+        let changelog = last_reference(changelog).await;
         Ok(StoreSpec {
             store_key: key.clone(),
             changelog,
@@ -896,6 +924,20 @@ impl<F: StoreFormat, C: Changelog> Drop for StandbyHandle<F, C> {
     fn drop(&mut self) {
         if let Some((_, stop)) = self.task.take() {
             stop.cancel();
+        }
+    }
+}
+
+/// What `shared` holds, once every other reference to it has gone (work
+/// left running on a blocking thread ends on its own).
+async fn last_reference<T>(mut shared: Arc<T>) -> T {
+    loop {
+        match Arc::try_unwrap(shared) {
+            Ok(x) => return x,
+            Err(back) => {
+                shared = back;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
     }
 }
