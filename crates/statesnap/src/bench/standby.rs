@@ -121,38 +121,9 @@ pub async fn failover(dir: &Path, keys: u64, rate: u64, flow: Duration) -> Resul
     let standby = m.standby(spec(&log, dir, "standby")?)?;
     standby.ready(Duration::from_secs(600)).await?;
 
-    // The input flows: a batch every 10 ms.
-    let per_tick = (rate / 100).max(1);
     let followed_before = standby.status().records_followed;
-    let (mut max_lag, mut max_lag_ms, mut written) = (0u64, 0u64, 0u64);
-    let mut seed = keys;
-    let started = Instant::now();
-    let mut snapshotted = false;
-    let mut tick = 0u32;
-    while started.elapsed() < flow {
-        for _ in 0..per_tick {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-            owner.put(user(seed % keys.max(1)), value(seed));
-        }
-        owner.commit()?;
-        written += per_tick;
-        if !snapshotted && started.elapsed() >= flow / 2 {
-            owner.snapshot_now()?;
-            snapshotted = true;
-        }
-        // The lag against the log's end now (`lag()` counts records as of
-        // the standby's last poll).
-        let applied = standby.status().applied_offset;
-        let behind = log
-            .end_offset()?
-            .saturating_sub(applied.map_or(0, |a| a + 1));
-        max_lag = max_lag.max(behind);
-        max_lag_ms = max_lag_ms.max(standby.lag().time.as_millis() as u64);
-        tick += 1;
-        let next = started + Duration::from_millis(10) * tick;
-        tokio::time::sleep_until(next.into()).await;
-    }
-    let flow_secs = started.elapsed().as_secs_f64();
+    let flowed = flow_input(&mut owner, &standby, &log, keys, rate, flow).await?;
+    let flow_secs = flowed.secs;
     // The kill comes right after the last commit: what the standby lacks
     // then.
     let applied = standby.status().applied_offset;
@@ -207,10 +178,10 @@ pub async fn failover(dir: &Path, keys: u64, rate: u64, flow: Duration) -> Resul
     Ok(Failover {
         keys,
         target_records_per_sec: rate,
-        flow_records_per_sec: written as f64 / flow_secs,
+        flow_records_per_sec: flowed.written as f64 / flow_secs,
         flow_secs,
-        standby_max_lag_records: max_lag,
-        standby_max_lag_ms: max_lag_ms,
+        standby_max_lag_records: flowed.max_lag,
+        standby_max_lag_ms: flowed.max_lag_ms,
         standby_follow_records_per_sec: (st.records_followed - followed_before) as f64 / flow_secs,
         standby_replay_records_per_sec: st.replay_records_per_sec,
         lag_at_kill,
@@ -224,5 +195,60 @@ pub async fn failover(dir: &Path, keys: u64, rate: u64, flow: Duration) -> Resul
         snapshot_tail_downloaded: snap_report.transfer.bytes_downloaded,
         full_replay_secs,
         full_replay_records: full.replay.records,
+    })
+}
+
+/// What the input's flow measured.
+struct Flowed {
+    secs: f64,
+    written: u64,
+    max_lag: u64,
+    max_lag_ms: u64,
+}
+
+/// Commits `rate` records per second to `owner` for `flow`, a batch every
+/// 10 ms (a snapshot halfway), sampling `standby`'s lag after each batch.
+async fn flow_input(
+    owner: &mut crate::runtime::StateHandle<RocksFormat, Log>,
+    standby: &crate::runtime::StandbyHandle<RocksFormat, Log>,
+    log: &Log,
+    keys: u64,
+    rate: u64,
+    flow: Duration,
+) -> Result<Flowed> {
+    let per_tick = (rate / 100).max(1);
+    let (mut max_lag, mut max_lag_ms, mut written) = (0u64, 0u64, 0u64);
+    let mut seed = keys;
+    let started = Instant::now();
+    let mut snapshotted = false;
+    let mut tick = 0u32;
+    while started.elapsed() < flow {
+        for _ in 0..per_tick {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            owner.put(user(seed % keys.max(1)), value(seed));
+        }
+        owner.commit()?;
+        written += per_tick;
+        if !snapshotted && started.elapsed() >= flow / 2 {
+            owner.snapshot_now()?;
+            snapshotted = true;
+        }
+        // The lag against the log's end now (`lag()` counts records as of
+        // the standby's last poll).
+        let applied = standby.status().applied_offset;
+        let behind = log
+            .end_offset()?
+            .saturating_sub(applied.map_or(0, |a| a + 1));
+        max_lag = max_lag.max(behind);
+        max_lag_ms = max_lag_ms.max(standby.lag().time.as_millis() as u64);
+        tick += 1;
+        let next = started + Duration::from_millis(10) * tick;
+        tokio::time::sleep_until(next.into()).await;
+    }
+    Ok(Flowed {
+        secs: started.elapsed().as_secs_f64(),
+        written,
+        max_lag,
+        max_lag_ms,
     })
 }
