@@ -440,15 +440,16 @@ impl Standbys {
             tracing::warn!(error = %e, "standby not started; retried at the next sync");
         }
         let mut lines = Vec::new();
-        for ((_, p), status) in context.standbys() {
-            let seen = self.reported.entry(p).or_default();
+        let standbys = context.standbys();
+        for ((_, p), status) in &standbys {
+            let seen = self.reported.entry(*p).or_default();
             for b in status.bootstraps.iter().skip(*seen) {
-                lines.push(MoveLine::standby(&config.name, p, b));
+                lines.push(MoveLine::standby(&config.name, *p, b));
             }
             *seen = status.bootstraps.len();
         }
         // A standby stopped and started again reports its bootstraps anew.
-        let running: BTreeSet<i32> = context.standbys().iter().map(|((_, p), _)| *p).collect();
+        let running: BTreeSet<i32> = standbys.iter().map(|((_, p), _)| *p).collect();
         self.reported.retain(|p, _| running.contains(p));
         Ok(lines)
     }
