@@ -30,10 +30,13 @@ fn id() -> ChangelogId {
     ChangelogId::new("app-store-changelog", 0).unwrap()
 }
 
+/// Small segments, no fsync, and an open-file budget of 3 segments, so
+/// that reads, compactions and reopens keep closing and reopening handles.
 fn opts(segment_bytes: u64) -> FileChangelogOptions {
     FileChangelogOptions {
         segment_bytes,
         fsync: FsyncPolicy::Never,
+        max_open_segments: 3,
         ..Default::default()
     }
 }
@@ -698,6 +701,115 @@ fn a_reader_open_during_compaction_keeps_reading_the_old_segments() {
         now.iter().map(|r| r.offset).collect::<Vec<_>>(),
         (30..40).collect::<Vec<_>>()
     );
+}
+
+/// Descriptors this process holds on files in `dir`.
+#[cfg(target_os = "linux")]
+fn fds_in(dir: &Path) -> usize {
+    let dir = dir.canonicalize().unwrap();
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.starts_with(&dir))
+        .count()
+}
+
+/// Files in `dir` whose names say they are retired segments.
+fn retired_files(dir: &Path) -> usize {
+    fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().contains(".retired.")
+        })
+        .count()
+}
+
+/// A log of hundreds of segments, written without flushes under
+/// `FsyncPolicy::Never`, read from its start, and compacted under a reader
+/// that holds every segment, keeps its open files within its budget (the
+/// segment handles, the write handle, the lock and at most eight unsynced
+/// segments); the reader still reads the old records, the retired names go
+/// with it, and a reopen reads the compacted log.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_log_of_many_segments_holds_a_bounded_number_of_open_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let max_open = 4;
+    let o = FileChangelogOptions {
+        max_open_segments: max_open,
+        ..opts(HEADER + 4 * REC_LEN)
+    };
+    let bound = max_open + 1 + 1 + 8;
+    let log = FileChangelog::open(dir.path(), id(), o.clone()).unwrap();
+    for pass in 0..2 {
+        for i in 0..600 {
+            log.append(&[rec(i)]).unwrap();
+            assert!(fds_in(dir.path()) <= bound, "pass {pass} record {i}");
+        }
+    }
+    assert!(log_files(dir.path()).len() > 250);
+    let mut r = log.read_from(0).unwrap();
+    let mut got = r.next_batch(10).unwrap().unwrap();
+    let rep = log.compact(&CompactOptions::default()).unwrap();
+    assert!(rep.segments_rewritten >= 150, "{rep:?}");
+    assert!(fds_in(dir.path()) <= bound);
+    assert!(
+        retired_files(dir.path()) > 0,
+        "the reader holds old segments"
+    );
+    while let Some(b) = r.next_batch(50).unwrap() {
+        got.extend(b);
+        assert!(fds_in(dir.path()) <= bound);
+    }
+    let offsets: Vec<u64> = got.iter().map(|x| x.offset).collect();
+    assert_eq!(offsets, (0..1200).collect::<Vec<_>>(), "the old records");
+    drop(r);
+    assert_eq!(retired_files(dir.path()), 0, "dropped with the last reader");
+    assert_eq!(replay(&log).len(), 600);
+    drop(log);
+    let log = FileChangelog::open(dir.path(), id(), o).unwrap();
+    let now = read_all(&log, 0, 2000);
+    let offsets: Vec<u64> = now.iter().map(|x| x.offset).collect();
+    assert_eq!(offsets, (600..1200).collect::<Vec<_>>());
+    for x in &now {
+        assert_eq!(x.key, rec(x.offset - 600).key, "offset {}", x.offset);
+    }
+}
+
+/// A read-only handle whose segment was closed for the budget and then
+/// replaced by the writer's compaction says to open it again; it never reads
+/// the compacted file with the old one's positions. Retired names a crash
+/// left are removed by the next writer.
+#[cfg(unix)]
+#[test]
+fn a_read_only_handle_refuses_a_segment_the_writer_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = open(dir.path(), HEADER + 2 * REC_LEN).unwrap();
+    fill(&writer, 200);
+    fill(&writer, 200); // the same keys again: every old segment compacts away
+    assert!(log_files(dir.path()).len() > 64 + 10);
+    // Opening scans every segment; only the newest 64 (the default) stay open.
+    let reader = FileChangelog::open_read_only(dir.path(), id()).unwrap();
+    writer.compact(&CompactOptions::default()).unwrap();
+    let err = reader
+        .read_from(0)
+        .and_then(|mut r| r.next_batch(10))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(
+        err.to_string().contains("open the changelog again"),
+        "{err}"
+    );
+    let again = FileChangelog::open_read_only(dir.path(), id()).unwrap();
+    assert_eq!(replay(&again).len(), 200);
+    // A retired name left by a crash goes at the next writer's open.
+    drop(writer);
+    let stray = log_files(dir.path())[0].with_extension("log.retired.7");
+    fs::write(&stray, b"old bytes").unwrap();
+    let writer = open(dir.path(), HEADER + 2 * REC_LEN).unwrap();
+    assert!(!stray.exists());
+    assert_eq!(replay(&writer).len(), 200);
 }
 
 #[test]

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::codec::{self, HEADER_LEN, SegmentHeader};
+use super::files::OpenFiles;
 use super::segment::{self, IndexBuilder, Segment, SparseIndex};
-use super::{FileChangelog, FsyncPolicy, io_err, lock, meta, write_shared};
+use super::{FileChangelog, FsyncPolicy, MAX_UNSYNCED_SEGMENTS, io_err, lock, meta, write_shared};
 use crate::changelog::Record;
 use crate::error::{Error, Result};
 
@@ -332,6 +333,16 @@ impl FileChangelog {
                 .try_clone()
                 .map_err(|e| io_err("clone handle", &w.active.path, e))?;
             w.unsynced.push((w.active.path.clone(), f));
+            if w.unsynced.len() > MAX_UNSYNCED_SEGMENTS {
+                for (path, f) in std::mem::take(&mut w.unsynced) {
+                    // Durability (and bounded open files): closed segments waiting for a flush reach disk now.
+                    if let Err(e) = f.sync_data() {
+                        let e = io_err("fsync changelog segment", &path, e);
+                        w.poisoned = Some(format!("fsync failed: {e}"));
+                        return Err(e);
+                    }
+                }
+            }
         } else if w.dirty {
             // Durability: a closed segment is complete on disk before later records are acked.
             w.file
@@ -342,7 +353,7 @@ impl FileChangelog {
         // Everything in the closed segment is now readable.
         self.end.store(w.next_offset, Ordering::Release);
         let base = w.next_offset;
-        let (seg, file) = match create_segment(&self.dir, base, Some(w.active.base)) {
+        let (seg, file) = match create_segment(&self.dir, base, Some(w.active.base), &self.files) {
             Ok(x) => x,
             Err(e) => {
                 w.poisoned = Some(format!("segment roll failed: {e}"));
@@ -369,7 +380,12 @@ impl FileChangelog {
 }
 
 /// Creates a segment file holding just its header.
-pub(super) fn create_segment(dir: &Path, base: u64, prev: Option<u64>) -> Result<(Segment, File)> {
+pub(super) fn create_segment(
+    dir: &Path,
+    base: u64,
+    prev: Option<u64>,
+    files: &Arc<OpenFiles>,
+) -> Result<(Segment, File)> {
     let path = dir.join(segment::segment_file_name(base));
     let file = OpenOptions::new()
         .read(true)
@@ -393,6 +409,7 @@ pub(super) fn create_segment(dir: &Path, base: u64, prev: Option<u64>) -> Result
         read,
         HEADER_LEN as u64,
         Some(SparseIndex::default()),
+        files,
     );
     Ok((seg, file))
 }

@@ -86,7 +86,6 @@ pub struct CompactionReport {
 struct Rewrite {
     old: Arc<Segment>,
     tmp: std::path::PathBuf,
-    file: File,
     len: u64,
     index: IndexBuilder,
 }
@@ -135,6 +134,8 @@ impl FileChangelog {
         let (newest, examined_end) = newest_offsets(&closed, &active, &mut report)?;
         let (rewrites, max_purged) = write_compacted(&closed, &newest, cutoff, &mut report)?;
         self.advance_horizon(horizon, max_purged, examined_end, &rewrites, &mut report)?;
+        // Each replaced segment lives on only while readers hold it.
+        drop(closed);
         self.swap_in(rewrites, &mut report)?;
         tracing::info!(
             path = %self.dir.display(),
@@ -185,23 +186,37 @@ impl FileChangelog {
         let mut pending = rewrites.into_iter();
         while let Some(r) = pending.next() {
             let path = r.old.path.clone();
-            // Durability: the atomic swap; the path holds the old or the new segment, never half.
-            if let Err(e) = fs::rename(&r.tmp, &path) {
-                let _ = fs::remove_file(&r.tmp);
-                for rest in pending {
-                    let _ = fs::remove_file(&rest.tmp);
+            // A read handle on the new inode, taken before the rename moves
+            // it; and the old bytes keep a name for readers that hold them.
+            let file = File::open(&r.tmp)
+                .map_err(|e| io_err("open compacted segment", &r.tmp, e))
+                .and_then(|f| r.old.retire().map(|()| f))
+                // Durability: the atomic swap; the path holds the old or the new segment, never half.
+                .and_then(|f| {
+                    fs::rename(&r.tmp, &path)
+                        .map(|()| f)
+                        .map_err(|e| io_err("rename compacted segment into place", &path, e))
+                });
+            let file = match file {
+                Ok(f) => f,
+                Err(e) => {
+                    let _ = fs::remove_file(&r.tmp);
+                    for rest in pending {
+                        let _ = fs::remove_file(&rest.tmp);
+                    }
+                    return Err(e);
                 }
-                return Err(io_err("rename compacted segment into place", &path, e));
-            }
+            };
             // Durability: this swap is on disk before a newer segment's is (see module docs).
             meta::sync_dir(&self.dir)?;
             let seg = Segment::new(
                 r.old.base,
                 r.old.prev_base,
                 path,
-                r.file,
+                file,
                 r.len,
                 Some(r.index.index),
+                &self.files,
             );
             let mut s = write_shared(&self.shared)?;
             if let Some(i) = s.segments.iter().position(|x| Arc::ptr_eq(x, &r.old)) {
@@ -348,12 +363,9 @@ fn compact_segment(
     f.sync_all()
         .map_err(|e| io_err("fsync compacted segment", &tmp, e))?;
     drop(f);
-    // A read handle on the new inode, taken before the rename moves it.
-    let file = File::open(&tmp).map_err(|e| io_err("open compacted segment", &tmp, e))?;
     Ok(Some(Rewrite {
         old: Arc::clone(seg),
         tmp,
-        file,
         len: out.len() as u64,
         index,
     }))

@@ -36,15 +36,26 @@
 //!
 //! All methods take `&self`. Appends are serialized by a mutex; readers take
 //! no lock while reading: [`Changelog::read_from`] captures the end offset and
-//! a snapshot of the segment list (`Arc`s of open file handles), and reads
-//! with positioned reads up to the length the writer has published, which
-//! only ever covers complete records. A compaction that replaces segment
-//! files does not disturb open readers, which keep reading the old files
-//! through their handles.
+//! a snapshot of the segment list, and reads with positioned reads up to the
+//! length the writer has published, which only ever covers complete
+//! records. A compaction that replaces segment files does not disturb open
+//! readers: they keep reading the old files.
+//!
+//! # Open files
+//!
+//! A log holds at most [`FileChangelogOptions::max_open_segments`] segment
+//! read handles open, plus the active segment's write handle, the lock file,
+//! and under [`FsyncPolicy::Never`] the write handles of at most eight
+//! closed segments awaiting their fsync. Other
+//! segments are opened again when read. A segment replaced by a compaction
+//! while readers still hold it keeps its old bytes under a second name,
+//! `<base_offset:020>.log.retired.<n>`, removed when the last reader lets it
+//! go (and by the next open after a crash).
 
 mod append;
 mod codec;
 mod compact;
+mod files;
 mod meta;
 mod open;
 mod reader;
@@ -71,6 +82,11 @@ use segment::Segment;
 /// Suffix of a compacted segment written but not yet renamed into place.
 const COMPACTING_SUFFIX: &str = ".compacting";
 
+/// Under [`FsyncPolicy::Never`], closed segments not yet fsynced are synced
+/// (and their write handles closed) once this many wait, so that a log that
+/// rolls many segments between flushes holds a bounded number of files.
+const MAX_UNSYNCED_SEGMENTS: usize = 8;
+
 /// When appended records are fsynced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FsyncPolicy {
@@ -83,7 +99,9 @@ pub enum FsyncPolicy {
     /// [`Changelog::flush`].
     Interval(Duration),
     /// Never fsync on append; the OS writes back when it likes.
-    /// [`Changelog::flush`] still fsyncs. A process crash loses nothing; a
+    /// [`Changelog::flush`] still fsyncs, and so does a roll that would
+    /// leave more than eight closed segments unsynced (each holds a file
+    /// open until it is synced). A process crash loses nothing; a
     /// power loss may lose acknowledged records (recovery then cuts the torn
     /// tail).
     Never,
@@ -102,6 +120,10 @@ pub struct FileChangelogOptions {
     /// Where record timestamps, the fsync interval and tombstone retention
     /// read time from. Default the system clock.
     pub clock: SharedClock,
+    /// Segment read handles held open at most; the least recently opened
+    /// is closed when another must open, and opened again when read. Reading
+    /// a closed segment costs one `open` call. Default 64; at least 1.
+    pub max_open_segments: usize,
 }
 
 impl Default for FileChangelogOptions {
@@ -111,6 +133,7 @@ impl Default for FileChangelogOptions {
             segment_bytes: 64 * 1024 * 1024,
             fsync: FsyncPolicy::EveryBatch,
             clock: system_clock(),
+            max_open_segments: 64,
         }
     }
 }
@@ -145,6 +168,8 @@ pub struct FileChangelog {
     clock: SharedClock,
     writer: Mutex<Writer>,
     shared: RwLock<Shared>,
+    /// The open-file budget every segment of this log shares.
+    files: Arc<files::OpenFiles>,
     /// End offset readers may read up to (exclusive). Published after the
     /// bytes are written and, per policy, fsynced.
     end: AtomicU64,

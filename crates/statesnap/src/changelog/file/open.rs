@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::append::{Writer, create_segment, new_writer};
 use super::codec::{self, HEADER_LEN, SegmentHeader};
+use super::files::{OpenFiles, RETIRED_MARK};
 use super::segment::{self, IndexBuilder, Segment, SparseIndex};
 use super::{
     COMPACTING_SUFFIX, FileChangelog, FileChangelogOptions, RecoveryReport, Shared, io_err, meta,
@@ -69,6 +70,11 @@ impl FileChangelog {
                 HEADER_LEN * 2
             )));
         }
+        if options.max_open_segments == 0 {
+            return Err(Error::config(
+                "changelog max_open_segments is 0; at least one segment must be open to read it",
+            ));
+        }
         ensure_dir(&dir, &options, read_only)?;
         let lock_file = if read_only {
             None
@@ -87,9 +93,10 @@ impl FileChangelog {
         bases.sort_unstable();
 
         let meta = read_or_create_meta(&dir, &id, &bases, read_only)?;
-        let (segments, recovery, writer) = open_segments(&dir, &bases, read_only)?;
+        let files = OpenFiles::new(options.max_open_segments);
+        let (segments, recovery, writer) = open_segments(&dir, &bases, read_only, &files)?;
         Self::finish(
-            dir, id, options, meta, segments, recovery, lock_file, writer,
+            dir, id, options, meta, files, segments, recovery, lock_file, writer,
         )
     }
 
@@ -141,6 +148,7 @@ impl FileChangelog {
         id: ChangelogId,
         options: FileChangelogOptions,
         mut meta: meta::Meta,
+        files: Arc<OpenFiles>,
         segments: Vec<Arc<Segment>>,
         recovery: Option<RecoveryReport>,
         lock_file: Option<File>,
@@ -174,6 +182,7 @@ impl FileChangelog {
                 start: None,
                 generation: 0,
             }),
+            files,
             end: AtomicU64::new(end),
             compacting: Mutex::new(()),
             meta: Mutex::new(meta),
@@ -218,11 +227,12 @@ fn list_dir(dir: &Path) -> Result<Vec<String>> {
 
 /// Removes what a crash may leave behind: compacted segments never renamed
 /// into place (the old segment they were to replace is still there and
-/// valid) and a metadata temp file never renamed.
+/// valid), retired names of replaced segments (no reader can hold them
+/// after a restart), and a metadata temp file never renamed.
 fn remove_leftovers(dir: &Path, names: &[String]) -> Result<()> {
     let mut removed = false;
     for n in names {
-        if n.ends_with(COMPACTING_SUFFIX) || n == meta::META_TMP {
+        if n.ends_with(COMPACTING_SUFFIX) || n == meta::META_TMP || n.contains(RETIRED_MARK) {
             let p = dir.join(n);
             tracing::warn!(path = %p.display(), "removing leftover of an interrupted changelog write");
             fs::remove_file(&p).map_err(|e| io_err("remove leftover file", &p, e))?;
@@ -348,6 +358,7 @@ fn open_segments(
     dir: &Path,
     bases: &[u64],
     read_only: bool,
+    files: &Arc<OpenFiles>,
 ) -> Result<(Vec<Arc<Segment>>, Option<RecoveryReport>, Writer)> {
     let mut recovery = None;
     let mut segments: Vec<Arc<Segment>> = Vec::with_capacity(bases.len().max(1));
@@ -359,7 +370,7 @@ fn open_segments(
             )));
         }
         None => {
-            let (seg, file) = create_segment(dir, 0, None)?;
+            let (seg, file) = create_segment(dir, 0, None, files)?;
             // Durability: the first segment's directory entry must survive.
             meta::sync_dir(dir)?;
             let seg = Arc::new(seg);
@@ -370,11 +381,11 @@ fn open_segments(
             let mut prev: Option<u64> = None;
             for &base in closed {
                 let path = dir.join(segment::segment_file_name(base));
-                segments.push(Arc::new(open_closed_segment(&path, base, prev)?));
+                segments.push(Arc::new(open_closed_segment(&path, base, prev, files)?));
                 prev = Some(base);
             }
             let path = dir.join(segment::segment_file_name(last));
-            let (seg, w, rep) = open_last_segment(&path, last, prev, read_only)?;
+            let (seg, w, rep) = open_last_segment(&path, last, prev, read_only, files)?;
             recovery = rep;
             let seg = Arc::new(seg);
             segments.push(Arc::clone(&seg));
@@ -384,7 +395,12 @@ fn open_segments(
     Ok((segments, recovery, writer))
 }
 
-fn open_closed_segment(path: &Path, base: u64, prev: Option<u64>) -> Result<Segment> {
+fn open_closed_segment(
+    path: &Path,
+    base: u64,
+    prev: Option<u64>,
+    files: &Arc<OpenFiles>,
+) -> Result<Segment> {
     let file = File::open(path).map_err(|e| io_err("open changelog segment", path, e))?;
     let len = file
         .metadata()
@@ -402,6 +418,7 @@ fn open_closed_segment(path: &Path, base: u64, prev: Option<u64>) -> Result<Segm
         file,
         len,
         None,
+        files,
     ))
 }
 
@@ -411,6 +428,7 @@ fn open_last_segment(
     base: u64,
     prev: Option<u64>,
     read_only: bool,
+    files: &Arc<OpenFiles>,
 ) -> Result<(Segment, LastSegment, Option<RecoveryReport>)> {
     let file = OpenOptions::new()
         .read(true)
@@ -485,6 +503,7 @@ fn open_last_segment(
         Some(SparseIndex {
             entries: index.entries.clone(),
         }),
+        files,
     );
     Ok((
         seg,

@@ -14,9 +14,9 @@ use crate::error::{Error, Result};
 const CHUNK_BYTES: usize = 1 << 20;
 
 /// A reader over a snapshot of the segment list taken when it was opened. It
-/// holds `Arc`s of the segments (and so their open file handles): a
-/// compaction that replaces a segment file meanwhile does not disturb it, as
-/// the old file stays readable through the open handle.
+/// holds `Arc`s of the segments: a compaction that replaces a segment file
+/// meanwhile does not disturb it, as a replaced segment keeps its old bytes
+/// under a retired name for as long as it is held.
 pub(crate) struct FileReader {
     segments: Vec<Arc<Segment>>,
     /// Index into `segments` of the segment being read.

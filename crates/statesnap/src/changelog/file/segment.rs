@@ -1,5 +1,6 @@
-//! One segment file as the changelog holds it open: a read handle shared by
-//! readers, the length readers may read up to, and a sparse index.
+//! One segment as the changelog holds it: its file (read through a handle
+//! the changelog's open-file budget may close and reopen), the length
+//! readers may read up to, and a sparse index.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -9,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 
 use super::codec::{self, Frame, HEADER_LEN};
+use super::files::{OpenFiles, SegmentFile};
 use crate::error::{Error, Result};
 pub(crate) use crate::util::{read_exact_at, write_all_at};
 
@@ -80,13 +82,13 @@ impl IndexBuilder {
     }
 }
 
-/// A segment held open.
+/// A segment of the log.
 #[derive(Debug)]
 pub(crate) struct Segment {
     pub base: u64,
     pub prev_base: Option<u64>,
     pub path: PathBuf,
-    file: File,
+    file: Arc<SegmentFile>,
     /// Bytes readers may read: header plus complete records. Only grows while
     /// the segment is active; fixed once closed.
     len: AtomicU64,
@@ -104,12 +106,13 @@ impl Segment {
         file: File,
         len: u64,
         index: Option<SparseIndex>,
+        files: &Arc<OpenFiles>,
     ) -> Segment {
         Segment {
             base,
             prev_base,
+            file: SegmentFile::new(path.clone(), file, files),
             path,
-            file,
             len: AtomicU64::new(len),
             index: RwLock::new(index.map(Arc::new)),
         }
@@ -162,7 +165,8 @@ impl Segment {
     /// Reads `len` bytes at `pos` (within what readers may see).
     pub(crate) fn read_at(&self, pos: u64, len: usize) -> Result<Bytes> {
         let mut buf = vec![0u8; len];
-        read_exact_at(&self.file, &mut buf, pos).map_err(|e| {
+        let file = self.file.get(&self.path)?;
+        read_exact_at(&file, &mut buf, pos).map_err(|e| {
             Error::io(
                 format!(
                     "cannot read changelog segment path=`{}` file_offset=`{pos}` length=`{len}`",
@@ -172,6 +176,12 @@ impl Segment {
             )
         })?;
         Ok(Bytes::from(buf))
+    }
+
+    /// Gives the segment's bytes a name of their own before compaction
+    /// renames a new file over its path (see the `files` module).
+    pub(crate) fn retire(&self) -> Result<()> {
+        self.file.retire(&self.path)
     }
 
     /// Reads the whole visible segment.
