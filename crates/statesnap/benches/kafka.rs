@@ -12,6 +12,9 @@
 //!   client/broker cost from store cost, and the same figures for the same
 //!   records in a `FileChangelog` (the target compares the two replays into
 //!   `RocksStore`).
+//! - `kafka_follow`: what one poll of a standby following a live log pays,
+//!   part by part: the end offset, the horizon (asked before and after every
+//!   replay), and a replay of a 100-record tail into a `MemoryStore`.
 //! - `STATESNAP_BENCH_KAFKA_PROPERTIES=k=v,k=v` passes librdkafka properties
 //!   (experiments); `scripts/bench-kafka.sh` runs it all against tansu with
 //!   each of its storage engines.
@@ -178,6 +181,39 @@ fn replay_throughput(c: &mut Criterion) {
     g.finish();
 }
 
+fn follow_cost(c: &mut Criterion) {
+    let mut mock = None;
+    let Some(b) = bootstrap(&mut mock) else {
+        return;
+    };
+    let log = open(&b, "follow", mock.as_ref());
+    log.append(&batch(0, 10_000)).expect("prefill");
+    let mut store = MemoryStore::new();
+    replay(&mut store, &log, &ReplayOptions::default(), &mut |_| {}).expect("bootstrap");
+    let mut next = 10_000;
+    let mut g = c.benchmark_group("kafka_follow");
+    g.sample_size(10).measurement_time(Duration::from_secs(10));
+    g.bench_function("end_offset", |bn| {
+        bn.iter(|| log.end_offset().expect("end"))
+    });
+    g.bench_function("horizon", |bn| bn.iter(|| log.horizon().expect("horizon")));
+    g.bench_function("tail_of_100_records", |bn| {
+        bn.iter_batched(
+            || {
+                log.append(&batch(next, 100)).expect("append");
+                next += 100;
+            },
+            |()| {
+                let r = replay(&mut store, &log, &ReplayOptions::default(), &mut |_| {})
+                    .expect("replay");
+                assert!(r.records >= 100, "{r:?}");
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
 fn read_all(log: &dyn Changelog) -> u64 {
     let got = count_records(log);
     assert!(got > 0, "nothing read");
@@ -190,5 +226,5 @@ fn replay_into(s: &mut RocksStore, d: tempfile::TempDir, log: &dyn Changelog) ->
     d
 }
 
-criterion_group!(benches, append_throughput, replay_throughput);
+criterion_group!(benches, append_throughput, replay_throughput, follow_cost);
 criterion_main!(benches);
