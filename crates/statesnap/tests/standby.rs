@@ -372,9 +372,20 @@ async fn follow_and_promote<F: StoreFormat + 'static>(make: Make<F>) {
     assert_eq!(st.state, StandbyState::Following);
     assert_eq!(st.lag.records, 0);
     assert!(st.records_followed > 0);
+    // The manager lists it beside its open stores.
+    let listed = m.standbys();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].store_key, key());
+    assert_eq!(listed[0].state, StandbyState::Following);
+    assert_eq!(listed[0].applied_offset, Some(last));
     // The owner dies without a handoff; promote.
     owner.abandon().await;
     let mut h = sb.promote(Duration::from_secs(10)).await.unwrap();
+    assert!(
+        m.standbys().is_empty(),
+        "a promoted standby is an open store"
+    );
+    assert_eq!(m.status().len(), 1);
     let report = h.report();
     assert_eq!(
         report.source,
@@ -859,6 +870,14 @@ async fn a_dropped_standby_lets_its_directory_go_and_an_open_retries() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     drop(sb);
+    // Listed as stopped while its last step ends, then not at all.
+    assert!(
+        m.standbys()
+            .iter()
+            .all(|st| st.state == StandbyState::Stopped),
+        "{:?}",
+        m.standbys()
+    );
     let mut refusals = 0;
     let h = loop {
         match m
@@ -876,6 +895,7 @@ async fn a_dropped_standby_lets_its_directory_go_and_an_open_retries() {
         }
     };
     assert!(refusals > 0, "the open came after the standby had let go");
+    assert!(m.standbys().is_empty(), "{:?}", m.standbys());
     assert_eq!(h.store().applied_offset().unwrap(), Some(last));
     assert_eq!(contents(h.store()), history.now);
     m.shutdown().await;

@@ -259,6 +259,7 @@ impl StateManagerBuilder {
                 transfers: Arc::new(tokio::sync::Semaphore::new(self.max_transfers)),
                 open: Mutex::new(BTreeMap::new()),
                 dirs: Mutex::new(BTreeMap::new()),
+                standbys: Mutex::new(Vec::new()),
                 rates: Mutex::new(RateBook {
                     rates: self.rates,
                     download_measured: false,
@@ -301,6 +302,8 @@ struct Inner {
     /// The directories of open handles and standbys (canonical paths),
     /// whose, and what holds it.
     dirs: Mutex<BTreeMap<PathBuf, (StoreKey, DirUse)>>,
+    /// Standbys, as long as their handles live.
+    standbys: Mutex<Vec<std::sync::Weak<dyn standby::Report>>>,
     rates: Mutex<RateBook>,
 }
 
@@ -427,6 +430,24 @@ impl StateManager {
         let now = self.inner.clock.now_ms();
         let rates = self.rates();
         open.iter().map(|s| s.status(now, &rates)).collect()
+    }
+
+    /// The status of every standby whose handle is alive, by store key. A
+    /// promoted standby is listed by [`StateManager::status`] instead.
+    pub fn standbys(&self) -> Vec<StandbyStatus> {
+        let live: Vec<_> = lock(&self.inner.standbys)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let mut all: Vec<StandbyStatus> = live.iter().map(|s| s.status()).collect();
+        all.sort_by(|a, b| a.store_key.cmp(&b.store_key));
+        all
+    }
+
+    fn register_standby(&self, follower: &Arc<dyn standby::Report>) {
+        let mut all = lock(&self.inner.standbys);
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(follower));
     }
 
     /// The restore decision [`StateManager::open`] would take for `spec`,

@@ -2,12 +2,13 @@
 //! current with its changelog.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Bootstrap, Lag, RebootstrapCause, StandbyOptions, StandbyState};
+use super::{Bootstrap, Lag, RebootstrapCause, StandbyOptions, StandbyState, StandbyStatus};
 use crate::changelog::Changelog;
 use crate::error::{Error, ErrorKind, Reason, Result};
 use crate::format::StoreFormat;
@@ -34,6 +35,42 @@ pub(super) struct Follower<F: StoreFormat, C> {
     /// Whether a store is ready for reads (watchable: `ready` waits on it).
     pub(super) ready: tokio::sync::watch::Sender<bool>,
     pub(super) metrics: Metrics,
+    /// Whether its handle runs the follower task now.
+    pub(super) running: AtomicBool,
+}
+
+/// A standby as its manager lists it ([`StateManager::standbys`]), whatever
+/// its store and changelog types.
+pub(crate) trait Report: Send + Sync {
+    fn status(&self) -> StandbyStatus;
+}
+
+impl<F, C> Report for Follower<F, C>
+where
+    F: StoreFormat + 'static,
+    F::Store: 'static,
+    C: Changelog + 'static,
+{
+    fn status(&self) -> StandbyStatus {
+        let lag = self.lag();
+        let st = lock(&self.state);
+        let stopped = !self.running.load(Ordering::Acquire) || self.manager.is_shut_down();
+        StandbyStatus {
+            store_key: self.key.clone(),
+            state: if stopped {
+                StandbyState::Stopped
+            } else {
+                st.state
+            },
+            applied_offset: st.applied,
+            end_offset: st.end,
+            lag,
+            bootstraps: st.bootstraps.clone(),
+            last_error: st.last_error.clone(),
+            records_followed: st.records_followed,
+            replay_records_per_sec: st.rate,
+        }
+    }
 }
 
 #[derive(Debug)]

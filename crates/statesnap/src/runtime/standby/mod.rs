@@ -27,6 +27,7 @@
 mod follow;
 mod types;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,7 @@ use crate::repo::StoreKey;
 use crate::restore::{ReplayReport, RestoreReport, Source};
 use crate::store::StateStore;
 
+pub(crate) use self::follow::Report;
 use self::follow::{FollowState, Follower, Metrics};
 pub use self::types::{
     Bootstrap, Lag, RebootstrapCause, StandbyOptions, StandbyState, StandbyStatus,
@@ -167,8 +169,11 @@ where
             rate: None,
         }),
         ready: tokio::sync::watch::Sender::new(false),
+        running: AtomicBool::new(false),
         manager,
     });
+    let report: Arc<dyn Report> = follower.clone();
+    follower.manager.register_standby(&report);
     let mut standby = StandbyHandle {
         follower,
         policy,
@@ -194,10 +199,12 @@ where
         let stop = inner.cancel.child_token();
         let task = inner.tasks.spawn_on(f.clone().run(stop.clone()), &inner.rt);
         self.task = Some((task, stop));
+        f.running.store(true, Ordering::Release);
     }
 
     /// Stops the follower task and waits until it let go of the store.
     async fn pause(&mut self) {
+        self.follower.running.store(false, Ordering::Release);
         if let Some((task, stop)) = self.task.take() {
             stop.cancel();
             let _ = task.await;
@@ -242,26 +249,9 @@ where
         self.follower.lag()
     }
 
-    /// Its status.
+    /// Its status (also listed by [`StateManager::standbys`]).
     pub fn status(&self) -> StandbyStatus {
-        let f = &self.follower;
-        let lag = f.lag();
-        let st = lock(&f.state);
-        StandbyStatus {
-            store_key: f.key.clone(),
-            state: if self.task.is_none() || f.manager.is_shut_down() {
-                StandbyState::Stopped
-            } else {
-                st.state
-            },
-            applied_offset: st.applied,
-            end_offset: st.end,
-            lag,
-            bootstraps: st.bootstraps.clone(),
-            last_error: st.last_error.clone(),
-            records_followed: st.records_followed,
-            replay_records_per_sec: st.rate,
-        }
+        Report::status(&*self.follower)
     }
 
     /// Runs `f` on the store at one applied offset (given to `f` too);
@@ -504,6 +494,7 @@ where
 
 impl<F: StoreFormat, C: Changelog> Drop for StandbyHandle<F, C> {
     fn drop(&mut self) {
+        self.follower.running.store(false, Ordering::Release);
         if let Some((_, stop)) = self.task.take() {
             stop.cancel();
         }
