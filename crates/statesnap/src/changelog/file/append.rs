@@ -37,6 +37,9 @@ pub(super) struct Writer {
     dir_gen: u64,
     /// Set when a failed write could not be undone: the log must be reopened.
     poisoned: Option<String>,
+    /// Set when an fsync during a roll failed: what this writer wrote may
+    /// not survive, and is never published to readers.
+    fsync_failed: bool,
     /// Whether this session's epoch is in the metadata (done before its
     /// first record is written).
     epoch_begun: bool,
@@ -60,6 +63,7 @@ pub(super) fn new_writer(
         dirty: false,
         synced_pos: 0,
         unsynced: Vec::new(),
+        fsync_failed: false,
         dir_dirty: false,
         dir_gen: 0,
         poisoned: None,
@@ -155,7 +159,7 @@ impl FileChangelog {
         // pages, so the records may not survive; no reader (and so no store
         // or snapshot) may see them (invariant 11). The writer is poisoned;
         // a reopen re-validates what the file really holds.
-        if !sync_failed {
+        if !sync_failed && !w.fsync_failed {
             self.end.store(w.next_offset, Ordering::Release);
         }
         result.map(|()| offsets)
@@ -337,17 +341,16 @@ impl FileChangelog {
                 for (path, f) in std::mem::take(&mut w.unsynced) {
                     // Durability (and bounded open files): closed segments waiting for a flush reach disk now.
                     if let Err(e) = f.sync_data() {
-                        let e = io_err("fsync changelog segment", &path, e);
-                        w.poisoned = Some(format!("fsync failed: {e}"));
-                        return Err(e);
+                        return Err(fsync_failed(w, &path, e));
                     }
                 }
             }
         } else if w.dirty {
             // Durability: a closed segment is complete on disk before later records are acked.
-            w.file
-                .sync_data()
-                .map_err(|e| io_err("fsync changelog segment", &w.active.path, e))?;
+            if let Err(e) = w.file.sync_data() {
+                let path = w.active.path.clone();
+                return Err(fsync_failed(w, &path, e));
+            }
         }
         w.dirty = false;
         // Everything in the closed segment is now readable.
@@ -377,6 +380,15 @@ impl FileChangelog {
         w.index = IndexBuilder::new();
         Ok(())
     }
+}
+
+/// Records an fsync failure during a roll: the kernel may have dropped the
+/// pages, so the writer is poisoned and publishes nothing more.
+fn fsync_failed(w: &mut Writer, path: &Path, e: std::io::Error) -> Error {
+    let e = io_err("fsync changelog segment", path, e);
+    w.poisoned = Some(format!("fsync failed: {e}"));
+    w.fsync_failed = true;
+    e
 }
 
 /// Creates a segment file holding just its header.

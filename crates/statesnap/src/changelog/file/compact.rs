@@ -185,48 +185,59 @@ impl FileChangelog {
     fn swap_in(&self, rewrites: Vec<Rewrite>, report: &mut CompactionReport) -> Result<()> {
         let mut pending = rewrites.into_iter();
         while let Some(r) = pending.next() {
-            let path = r.old.path.clone();
-            // A read handle on the new inode, taken before the rename moves
-            // it; and the old bytes keep a name for readers that hold them.
-            let file = File::open(&r.tmp)
-                .map_err(|e| io_err("open compacted segment", &r.tmp, e))
-                .and_then(|f| r.old.retire().map(|()| f))
-                // Durability: the atomic swap; the path holds the old or the new segment, never half.
-                .and_then(|f| {
-                    fs::rename(&r.tmp, &path)
-                        .map(|()| f)
-                        .map_err(|e| io_err("rename compacted segment into place", &path, e))
-                });
-            let file = match file {
-                Ok(f) => f,
-                Err(e) => {
-                    let _ = fs::remove_file(&r.tmp);
-                    for rest in pending {
-                        let _ = fs::remove_file(&rest.tmp);
-                    }
-                    return Err(e);
+            if let Err(e) = self.swap_one(r, report) {
+                for rest in pending {
+                    let _ = fs::remove_file(&rest.tmp);
                 }
-            };
-            // Durability: this swap is on disk before a newer segment's is (see module docs).
-            meta::sync_dir(&self.dir)?;
-            let seg = Segment::new(
-                r.old.base,
-                r.old.prev_base,
-                path,
-                file,
-                r.len,
-                Some(r.index.index),
-                &self.files,
-            );
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Renames one compacted segment over the old one and puts it in the
+    /// segment list; the directory is synced before the next one's rename.
+    fn swap_one(&self, r: Rewrite, report: &mut CompactionReport) -> Result<()> {
+        let path = r.old.path.clone();
+        // A read handle on the new inode, taken before the rename moves it;
+        // and the old bytes keep a name for readers that hold them.
+        let file = File::open(&r.tmp)
+            .map_err(|e| io_err("open compacted segment", &r.tmp, e))
+            .and_then(|f| r.old.retire().map(|()| f))
+            // Durability: the atomic swap; the path holds the old or the new segment, never half.
+            .and_then(|f| {
+                fs::rename(&r.tmp, &path)
+                    .map(|()| f)
+                    .map_err(|e| io_err("rename compacted segment into place", &path, e))
+            });
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs::remove_file(&r.tmp);
+                return Err(e);
+            }
+        };
+        // The list follows the directory, even if syncing it fails below.
+        let seg = Segment::new(
+            r.old.base,
+            r.old.prev_base,
+            path,
+            file,
+            r.len,
+            Some(r.index.index),
+            &self.files,
+        );
+        {
             let mut s = write_shared(&self.shared)?;
             if let Some(i) = s.segments.iter().position(|x| Arc::ptr_eq(x, &r.old)) {
                 s.segments[i] = Arc::new(seg);
             }
             s.generation += 1;
             s.start = None;
-            report.segments_rewritten += 1;
         }
-        Ok(())
+        report.segments_rewritten += 1;
+        // Durability: this swap is on disk before a newer segment's is (see module docs).
+        meta::sync_dir(&self.dir)
     }
 }
 

@@ -12,10 +12,12 @@
 //! filesystem without hard links the old segment keeps its handle open for
 //! as long as it lives instead.
 //!
-//! Every reopen checks that it found the same file (device and inode) the
-//! segment was created with: a file replaced behind the handle's back (by a
-//! writer's compaction, seen from a read-only handle) is an error that says
-//! to open the changelog again, never another file's bytes.
+//! Every reopen checks that it found the file the segment was created with:
+//! the same device, inode and birth time where the platform tells them, and
+//! at least the bytes the segment holds (a compaction's replacement is
+//! always shorter). A file replaced behind the handle's back (by a writer's
+//! compaction, seen from a read-only handle) is an error that says to open
+//! the changelog again, never another file's bytes.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -75,17 +77,42 @@ impl OpenFiles {
     }
 }
 
-/// Which file a handle was opened on: device and inode.
-type Identity = (u64, u64);
+/// Which file a handle was opened on: device and inode (Unix), and birth
+/// time where the filesystem keeps one (an inode number may be reused by a
+/// file created later; a birth time is not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity {
+    inode: Option<(u64, u64)>,
+    born: Option<std::time::SystemTime>,
+}
+
+impl Identity {
+    fn of(file: &File) -> Identity {
+        let meta = file.metadata().ok();
+        Identity {
+            inode: meta.as_ref().and_then(inode),
+            born: meta.and_then(|m| m.created().ok()),
+        }
+    }
+
+    /// Whether `other` is surely another file (what is unknown on either
+    /// side proves nothing).
+    fn differs(&self, other: &Identity) -> bool {
+        fn differ<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
+            a.zip(b).is_some_and(|(a, b)| a != b)
+        }
+        differ(self.inode, other.inode) || differ(self.born, other.born)
+    }
+}
 
 #[cfg(unix)]
-fn identity(file: &File) -> Option<Identity> {
+fn inode(m: &std::fs::Metadata) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    file.metadata().ok().map(|m| (m.dev(), m.ino()))
+    Some((m.dev(), m.ino()))
 }
 
 #[cfg(not(unix))]
-fn identity(_file: &File) -> Option<Identity> {
+fn inode(_m: &std::fs::Metadata) -> Option<(u64, u64)> {
     None
 }
 
@@ -102,7 +129,7 @@ struct State {
     /// The segment's own name, or its retired name once compaction replaced it.
     path: PathBuf,
     file: Option<Arc<File>>,
-    identity: Option<Identity>,
+    identity: Identity,
     /// `path` is a retired name, removed when the segment is dropped.
     retired: bool,
     /// Never closed for the budget: replaced without a retired name.
@@ -120,7 +147,7 @@ impl SegmentFile {
             files: Arc::clone(files),
             state: Mutex::new(State {
                 path,
-                identity: identity(&file),
+                identity: Identity::of(&file),
                 file: Some(Arc::new(file)),
                 retired: false,
                 pinned: false,
@@ -131,35 +158,20 @@ impl SegmentFile {
     }
 
     /// The read handle, opened again if the budget closed it. `name` is the
-    /// segment's own path, for errors.
-    pub(crate) fn get(self: &Arc<Self>, name: &Path) -> Result<Arc<File>> {
+    /// segment's own path, for errors; `len` the bytes the segment holds.
+    pub(crate) fn get(self: &Arc<Self>, name: &Path, len: u64) -> Result<Arc<File>> {
         let file = {
             let mut s = lock(&self.state);
             if let Some(f) = &s.file {
                 return Ok(Arc::clone(f));
             }
-            let f = File::open(&s.path).map_err(|e| {
-                Error::io(
-                    format!("cannot open changelog segment path=`{}`", s.path.display()),
-                    e,
-                )
-            })?;
-            if s.identity.is_some() && identity(&f) != s.identity {
-                return Err(Error::transient(format!(
-                    "changelog segment was replaced while this handle was open path=`{}` (a \
-                     writer compacted it, or something else rewrote it); open the changelog \
-                     again to read the log as it is now",
-                    name.display()
-                )));
-            }
-            let f = Arc::new(f);
+            let f = s.reopen(name, len)?;
             s.file = Some(Arc::clone(&f));
             f
         };
         self.files.opened(self);
         Ok(file)
     }
-
     /// Closes the handle for the budget (reads in flight keep their `Arc`).
     fn close(&self) {
         let mut s = lock(&self.state);
@@ -170,13 +182,17 @@ impl SegmentFile {
 
     /// Called by compaction before it renames a new file over `name`: gives
     /// these bytes a retired name to be read from from now on (or, failing
-    /// that, keeps them open for the segment's life).
-    pub(crate) fn retire(&self, name: &Path) -> Result<()> {
+    /// that, keeps them open for the segment's life). Once done, doing it
+    /// again does nothing.
+    pub(crate) fn retire(&self, name: &Path, len: u64) -> Result<()> {
+        let mut s = lock(&self.state);
+        if s.retired || s.pinned {
+            return Ok(());
+        }
         let n = self.files.next_retired.fetch_add(1, Ordering::Relaxed);
         let mut retired = name.as_os_str().to_owned();
         retired.push(format!("{RETIRED_MARK}{n}"));
         let retired = PathBuf::from(retired);
-        let mut s = lock(&self.state);
         match std::fs::hard_link(&s.path, &retired) {
             Ok(()) => {
                 s.path = retired;
@@ -186,25 +202,48 @@ impl SegmentFile {
                 tracing::debug!(path = %name.display(), error = %e,
                     "no retired name for a compacted segment; keeping its old file open instead");
                 if s.file.is_none() {
-                    let f = File::open(&s.path).map_err(|e| {
-                        Error::io(
-                            format!("cannot open changelog segment path=`{}`", name.display()),
-                            e,
-                        )
-                    })?;
-                    if s.identity.is_some() && identity(&f) != s.identity {
-                        return Err(Error::internal(format!(
-                            "changelog segment was replaced before compaction replaced it \
-                             path=`{}`",
-                            name.display()
-                        )));
-                    }
-                    s.file = Some(Arc::new(f));
+                    let f = s.reopen(name, len)?;
+                    s.file = Some(f);
                 }
                 s.pinned = true;
             }
         }
         Ok(())
+    }
+}
+
+impl State {
+    /// Opens `path` again, refusing a file that is not the one the segment
+    /// was made with: another identity, or shorter than the `len` bytes the
+    /// segment holds (a compaction's replacement is always shorter).
+    fn reopen(&self, name: &Path, len: u64) -> Result<Arc<File>> {
+        let f = File::open(&self.path).map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot open changelog segment path=`{}`",
+                    self.path.display()
+                ),
+                e,
+            )
+        })?;
+        let now_len = f.metadata().map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot stat changelog segment path=`{}`",
+                    self.path.display()
+                ),
+                e,
+            )
+        })?;
+        if self.identity.differs(&Identity::of(&f)) || now_len.len() < len {
+            return Err(Error::transient(format!(
+                "changelog segment was replaced while this handle was open path=`{}` (a \
+                 writer compacted it, or something else rewrote it); open the changelog \
+                 again to read the log as it is now",
+                name.display()
+            )));
+        }
+        Ok(Arc::new(f))
     }
 }
 
@@ -232,7 +271,7 @@ mod tests {
     }
 
     fn read(f: &Arc<SegmentFile>, name: &Path) -> String {
-        let file = f.get(name).unwrap();
+        let file = f.get(name, 0).unwrap();
         let mut buf = vec![0u8; usize::try_from(file.metadata().unwrap().len()).unwrap()];
         crate::util::read_exact_at(&file, &mut buf, 0).unwrap();
         String::from_utf8(buf).unwrap()
@@ -263,7 +302,18 @@ mod tests {
         let files = OpenFiles::new(1);
         let name = dir.path().join("s0");
         let old = segment_file(dir.path(), "s0", &files);
-        old.retire(&name).unwrap();
+        old.retire(&name, 2).unwrap();
+        old.retire(&name, 2).unwrap(); // a second time: nothing more
+        let retired_names = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .filter(|e| {
+                    let n = e.as_ref().unwrap().file_name();
+                    n.to_string_lossy().contains(RETIRED_MARK)
+                })
+                .count()
+        };
+        assert_eq!(retired_names(), 1);
         // A compaction's new file over the name.
         let tmp = dir.path().join("s0.new");
         std::fs::write(&tmp, "compacted").unwrap();
@@ -275,6 +325,7 @@ mod tests {
         assert!(retired.exists());
         drop(old);
         assert!(!retired.exists());
+        assert_eq!(retired_names(), 0);
         assert_eq!(std::fs::read_to_string(&name).unwrap(), "compacted");
         drop(other);
     }
@@ -290,7 +341,7 @@ mod tests {
         std::fs::write(&tmp, "other bytes").unwrap();
         std::fs::rename(&tmp, &name).unwrap();
         let _other = segment_file(dir.path(), "s1", &files);
-        let err = seg.get(&name).unwrap_err();
+        let err = seg.get(&name, 2).unwrap_err();
         assert!(err.is_transient(), "{err}");
         assert!(
             err.to_string().contains("open the changelog again"),

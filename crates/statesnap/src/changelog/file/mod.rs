@@ -44,13 +44,18 @@
 //! # Open files
 //!
 //! A log holds at most [`FileChangelogOptions::max_open_segments`] segment
-//! read handles open, plus the active segment's write handle, the lock file,
-//! and under [`FsyncPolicy::Never`] the write handles of at most eight
-//! closed segments awaiting their fsync. Other
-//! segments are opened again when read. A segment replaced by a compaction
-//! while readers still hold it keeps its old bytes under a second name,
+//! read handles open; the others are opened again when read. Besides them:
+//! the active segment's write handle, the lock file, under
+//! [`FsyncPolicy::Never`] the write handles of at most eight closed
+//! segments awaiting their fsync, and briefly, while a flush syncs, copies
+//! of those. A read in flight keeps the handle it started with until it
+//! returns. A segment replaced by a compaction while readers still hold it
+//! keeps its old bytes under a second name,
 //! `<base_offset:020>.log.retired.<n>`, removed when the last reader lets it
-//! go (and by the next open after a crash).
+//! go (readers let go of each segment as they move past it) and by the next
+//! open after a crash. On a filesystem without hard links it keeps its old
+//! handle open instead, outside the budget, for as long as a reader holds
+//! it.
 
 mod append;
 mod codec;

@@ -47,12 +47,31 @@ impl FileChangelog {
     /// For restores, plans and tools; `append` and `compact` fail (kind
     /// `config`), `flush` does nothing.
     ///
+    /// It holds at most the default
+    /// [`FileChangelogOptions::max_open_segments`] segments open. A segment
+    /// it had to close and that the writer compacts meanwhile (only a log
+    /// of more segments than that) fails its read with a
+    /// [`Transient`](crate::ErrorKind::Transient) error saying to open the
+    /// log again; it never reads the compacted file as the old one.
+    /// [`FileChangelog::open_read_only_with`] sets the budget.
+    ///
     /// Errors as [`FileChangelog::open`], and
     /// [`NotFound`](crate::ErrorKind::NotFound) if there is no log in `dir`.
     pub fn open_read_only(dir: impl AsRef<Path>, id: ChangelogId) -> Result<FileChangelog> {
+        Self::open_read_only_with(dir, id, FileChangelogOptions::default())
+    }
+
+    /// [`FileChangelog::open_read_only`] with `options`, of which only
+    /// [`FileChangelogOptions::max_open_segments`] and
+    /// [`FileChangelogOptions::clock`] apply to a reader.
+    pub fn open_read_only_with(
+        dir: impl AsRef<Path>,
+        id: ChangelogId,
+        options: FileChangelogOptions,
+    ) -> Result<FileChangelog> {
         let options = FileChangelogOptions {
             create_if_missing: false,
-            ..FileChangelogOptions::default()
+            ..options
         };
         Self::open_impl(dir.as_ref().to_path_buf(), id, options, true)
     }

@@ -1,6 +1,7 @@
 //! Reading a file changelog forward: large buffered chunks, records handed
 //! out as zero-copy slices of the chunk they were read in.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -14,13 +15,13 @@ use crate::error::{Error, Result};
 const CHUNK_BYTES: usize = 1 << 20;
 
 /// A reader over a snapshot of the segment list taken when it was opened. It
-/// holds `Arc`s of the segments: a compaction that replaces a segment file
-/// meanwhile does not disturb it, as a replaced segment keeps its old bytes
-/// under a retired name for as long as it is held.
+/// holds `Arc`s of the segments it has still to read (the first is the one
+/// being read; it lets go of each as it moves past it): a compaction that
+/// replaces a segment file meanwhile does not disturb it, as a replaced
+/// segment keeps its old bytes under a retired name for as long as it is
+/// held.
 pub(crate) struct FileReader {
-    segments: Vec<Arc<Segment>>,
-    /// Index into `segments` of the segment being read.
-    seg: usize,
+    segments: VecDeque<Arc<Segment>>,
     /// File position of the next frame to decode.
     pos: u64,
     chunk: Bytes,
@@ -48,8 +49,7 @@ impl std::fmt::Debug for FileReader {
 impl FileReader {
     pub(crate) fn new(segments: Vec<Arc<Segment>>, from: u64, end: u64) -> Result<FileReader> {
         let mut r = FileReader {
-            segments,
-            seg: 0,
+            segments: segments.into(),
             pos: HEADER_LEN as u64,
             chunk: Bytes::new(),
             chunk_start: 0,
@@ -68,10 +68,10 @@ impl FileReader {
             .segments
             .partition_point(|s| s.base <= from)
             .saturating_sub(1);
-        r.seg = i;
-        let seg = Arc::clone(&r.segments[i]);
+        r.segments.drain(..i);
+        let seg = Arc::clone(&r.segments[0]);
         if from > seg.base {
-            let next_base = r.segments.get(i + 1).map(|s| s.base);
+            let next_base = r.segments.get(1).map(|s| s.base);
             let index = seg.ensure_index(next_base)?;
             r.pos = index.position_for(from);
         } else {
@@ -81,7 +81,7 @@ impl FileReader {
     }
 
     fn start_building(&mut self) {
-        let seg = &self.segments[self.seg];
+        let seg = &self.segments[0];
         self.building = if seg.index().is_none() {
             Some(IndexBuilder::new())
         } else {
@@ -90,11 +90,11 @@ impl FileReader {
     }
 
     fn next_base(&self) -> Option<u64> {
-        self.segments.get(self.seg + 1).map(|s| s.base)
+        self.segments.get(1).map(|s| s.base)
     }
 
     fn corrupt(&self, reason: &str) -> Error {
-        self.segments[self.seg].corrupt_at(self.pos, reason)
+        self.segments[0].corrupt_at(self.pos, reason)
     }
 
     /// Makes `chunk` hold at least `need` bytes from `pos` (or everything up
@@ -103,7 +103,7 @@ impl FileReader {
         let avail = seg_len - self.pos;
         let want = (need.max(CHUNK_BYTES) as u64).min(avail);
         let want = usize::try_from(want).map_err(|_| Error::internal("chunk too large"))?;
-        self.chunk = self.segments[self.seg].read_at(self.pos, want)?;
+        self.chunk = self.segments[0].read_at(self.pos, want)?;
         self.chunk_start = self.pos;
         Ok(())
     }
@@ -117,7 +117,7 @@ impl ChangelogReader for FileReader {
         let max_records = max_records.max(1);
         let mut out = Vec::new();
         while !self.done && out.len() < max_records {
-            let seg = Arc::clone(&self.segments[self.seg]);
+            let seg = Arc::clone(&self.segments[0]);
             let seg_len = seg.len();
             if self.pos >= seg_len {
                 if let Some(b) = self.building.take()
@@ -126,11 +126,11 @@ impl ChangelogReader for FileReader {
                     // Read from its start to its end: the index is complete.
                     seg.set_index(b.index);
                 }
-                if self.seg + 1 >= self.segments.len() {
+                if self.segments.len() < 2 {
                     self.done = true;
                     break;
                 }
-                self.seg += 1;
+                self.segments.pop_front();
                 self.pos = HEADER_LEN as u64;
                 self.chunk = Bytes::new();
                 self.start_building();

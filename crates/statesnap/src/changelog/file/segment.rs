@@ -165,7 +165,7 @@ impl Segment {
     /// Reads `len` bytes at `pos` (within what readers may see).
     pub(crate) fn read_at(&self, pos: u64, len: usize) -> Result<Bytes> {
         let mut buf = vec![0u8; len];
-        let file = self.file.get(&self.path)?;
+        let file = self.file.get(&self.path, self.len())?;
         read_exact_at(&file, &mut buf, pos).map_err(|e| {
             Error::io(
                 format!(
@@ -181,7 +181,7 @@ impl Segment {
     /// Gives the segment's bytes a name of their own before compaction
     /// renames a new file over its path (see the `files` module).
     pub(crate) fn retire(&self) -> Result<()> {
-        self.file.retire(&self.path)
+        self.file.retire(&self.path, self.len())
     }
 
     /// Reads the whole visible segment.
