@@ -302,8 +302,8 @@ struct Inner {
     /// The directories of open handles and standbys (canonical paths),
     /// whose, and what holds it.
     dirs: Mutex<BTreeMap<PathBuf, (StoreKey, DirUse)>>,
-    /// Standbys, as long as their handles live.
-    standbys: Mutex<Vec<std::sync::Weak<dyn standby::Report>>>,
+    /// Standbys (listed while their handles live).
+    standbys: Mutex<Vec<std::sync::Weak<standby::Listing>>>,
     rates: Mutex<RateBook>,
 }
 
@@ -439,15 +439,15 @@ impl StateManager {
             .iter()
             .filter_map(std::sync::Weak::upgrade)
             .collect();
-        let mut all: Vec<StandbyStatus> = live.iter().map(|s| s.status()).collect();
+        let mut all: Vec<StandbyStatus> = live.iter().filter_map(|s| s.status()).collect();
         all.sort_by(|a, b| a.store_key.cmp(&b.store_key));
         all
     }
 
-    fn register_standby(&self, follower: &Arc<dyn standby::Report>) {
+    fn register_standby(&self, listing: &Arc<standby::Listing>) {
         let mut all = lock(&self.inner.standbys);
         all.retain(|w| w.strong_count() > 0);
-        all.push(Arc::downgrade(follower));
+        all.push(Arc::downgrade(listing));
     }
 
     /// The restore decision [`StateManager::open`] would take for `spec`,

@@ -31,28 +31,39 @@ pub(super) struct Follower<F: StoreFormat, C> {
     pub(super) options: StandbyOptions,
     /// `None` until bootstrapped, and while rebootstrapping.
     pub(super) store: Mutex<Option<F::Store>>,
-    pub(super) state: Mutex<FollowState>,
+    /// Shared with its [`Listing`].
+    pub(super) state: Arc<Mutex<FollowState>>,
     /// Whether a store is ready for reads (watchable: `ready` waits on it).
     pub(super) ready: tokio::sync::watch::Sender<bool>,
     pub(super) metrics: Metrics,
+    /// What its manager lists of it.
+    pub(super) listing: Arc<Listing>,
+}
+
+/// A standby as its manager lists it ([`StateManager::standbys`]): its
+/// state, without its store (the manager keeps a weak reference, and a
+/// listing never ends up owning a store to drop).
+pub(crate) struct Listing {
+    pub(super) key: StoreKey,
+    pub(super) manager: StateManager,
+    pub(super) state: Arc<Mutex<FollowState>>,
     /// Whether its handle runs the follower task now.
     pub(super) running: AtomicBool,
+    /// Whether its handle lives (cleared when it is dropped, promoted or
+    /// given back with `into_spec`).
+    pub(super) alive: AtomicBool,
 }
 
-/// A standby as its manager lists it ([`StateManager::standbys`]), whatever
-/// its store and changelog types.
-pub(crate) trait Report: Send + Sync {
-    fn status(&self) -> StandbyStatus;
-}
+impl Listing {
+    /// Its status; `None` once its handle is gone.
+    pub(crate) fn status(&self) -> Option<StandbyStatus> {
+        self.alive
+            .load(Ordering::Acquire)
+            .then(|| self.status_now())
+    }
 
-impl<F, C> Report for Follower<F, C>
-where
-    F: StoreFormat + 'static,
-    F::Store: 'static,
-    C: Changelog + 'static,
-{
-    fn status(&self) -> StandbyStatus {
-        let lag = self.lag();
+    pub(super) fn status_now(&self) -> StandbyStatus {
+        let now = self.manager.now_ms();
         let st = lock(&self.state);
         let stopped = !self.running.load(Ordering::Acquire) || self.manager.is_shut_down();
         StandbyStatus {
@@ -64,7 +75,7 @@ where
             },
             applied_offset: st.applied,
             end_offset: st.end,
-            lag,
+            lag: st.lag(now),
             bootstraps: st.bootstraps.clone(),
             last_error: st.last_error.clone(),
             records_followed: st.records_followed,
@@ -316,12 +327,17 @@ where
     }
 
     pub(super) fn lag(&self) -> Lag {
-        let now = self.manager.now_ms();
-        let st = lock(&self.state);
-        let next = st.applied.map_or(0, |a| a.saturating_add(1));
+        lock(&self.state).lag(self.manager.now_ms())
+    }
+}
+
+impl FollowState {
+    /// The lag as of the last poll, seen at `now_ms`.
+    fn lag(&self, now_ms: i64) -> Lag {
+        let next = self.applied.map_or(0, |a| a.saturating_add(1));
         Lag {
-            records: st.end.map_or(0, |e| e.saturating_sub(next)),
-            time: Duration::from_millis(now.saturating_sub(st.caught_up_ms).max(0) as u64),
+            records: self.end.map_or(0, |e| e.saturating_sub(next)),
+            time: Duration::from_millis(now_ms.saturating_sub(self.caught_up_ms).max(0) as u64),
         }
     }
 }

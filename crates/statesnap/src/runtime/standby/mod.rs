@@ -44,7 +44,7 @@ use crate::repo::StoreKey;
 use crate::restore::{ReplayReport, RestoreReport, Source};
 use crate::store::StateStore;
 
-pub(crate) use self::follow::Report;
+pub(crate) use self::follow::Listing;
 use self::follow::{FollowState, Follower, Metrics};
 pub use self::types::{
     Bootstrap, Lag, RebootstrapCause, StandbyOptions, StandbyState, StandbyStatus,
@@ -144,6 +144,28 @@ where
         super::DirUse::Standby,
     )?);
     let now = manager.now_ms();
+    let state = Arc::new(Mutex::new(FollowState {
+        state: StandbyState::Bootstrapping,
+        applied: None,
+        end: None,
+        caught_up_ms: now,
+        last_check_ms: now,
+        due: Some(None),
+        dir_present: false,
+        bootstraps: Vec::new(),
+        last_report: None,
+        last_error: None,
+        records_followed: 0,
+        rate: None,
+    }));
+    let listing = Arc::new(Listing {
+        key: store_key.clone(),
+        manager: manager.clone(),
+        state: state.clone(),
+        running: AtomicBool::new(false),
+        alive: AtomicBool::new(true),
+    });
+    manager.register_standby(&listing);
     let follower = Arc::new(Follower {
         metrics: Metrics::new(&store_key),
         key: store_key,
@@ -154,26 +176,11 @@ where
         verify_digest,
         options,
         store: Mutex::new(None),
-        state: Mutex::new(FollowState {
-            state: StandbyState::Bootstrapping,
-            applied: None,
-            end: None,
-            caught_up_ms: now,
-            last_check_ms: now,
-            due: Some(None),
-            dir_present: false,
-            bootstraps: Vec::new(),
-            last_report: None,
-            last_error: None,
-            records_followed: 0,
-            rate: None,
-        }),
+        state,
         ready: tokio::sync::watch::Sender::new(false),
-        running: AtomicBool::new(false),
+        listing,
         manager,
     });
-    let report: Arc<dyn Report> = follower.clone();
-    follower.manager.register_standby(&report);
     let mut standby = StandbyHandle {
         follower,
         policy,
@@ -199,12 +206,15 @@ where
         let stop = inner.cancel.child_token();
         let task = inner.tasks.spawn_on(f.clone().run(stop.clone()), &inner.rt);
         self.task = Some((task, stop));
-        f.running.store(true, Ordering::Release);
+        f.listing.running.store(true, Ordering::Release);
     }
 
     /// Stops the follower task and waits until it let go of the store.
     async fn pause(&mut self) {
-        self.follower.running.store(false, Ordering::Release);
+        self.follower
+            .listing
+            .running
+            .store(false, Ordering::Release);
         if let Some((task, stop)) = self.task.take() {
             stop.cancel();
             let _ = task.await;
@@ -251,7 +261,7 @@ where
 
     /// Its status (also listed by [`StateManager::standbys`]).
     pub fn status(&self) -> StandbyStatus {
-        Report::status(&*self.follower)
+        self.follower.listing.status_now()
     }
 
     /// Runs `f` on the store at one applied offset (given to `f` too);
@@ -494,7 +504,9 @@ where
 
 impl<F: StoreFormat, C: Changelog> Drop for StandbyHandle<F, C> {
     fn drop(&mut self) {
-        self.follower.running.store(false, Ordering::Release);
+        let listing = &self.follower.listing;
+        listing.running.store(false, Ordering::Release);
+        listing.alive.store(false, Ordering::Release);
         if let Some((_, stop)) = self.task.take() {
             stop.cancel();
         }
