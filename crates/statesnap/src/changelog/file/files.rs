@@ -172,6 +172,7 @@ impl SegmentFile {
         self.files.opened(self);
         Ok(file)
     }
+
     /// Closes the handle for the budget (reads in flight keep their `Arc`).
     fn close(&self) {
         let mut s = lock(&self.state);
