@@ -119,6 +119,12 @@ pub(crate) fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Locks `m`, ignoring poisoning: for locks around plain slots, handles and
+/// counters, which a panic while holding them cannot leave half-changed.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// `pread` that fills `buf` completely.
 pub(crate) fn read_exact_at(file: &std::fs::File, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
     #[cfg(unix)]

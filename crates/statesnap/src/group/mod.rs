@@ -387,9 +387,7 @@ impl<S: PartitionStores> std::fmt::Debug for GroupContext<S> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::util::lock;
 
 impl<S: PartitionStores> GroupContext<S> {
     /// A context opening `stores` through `manager`; `runtime` drives the

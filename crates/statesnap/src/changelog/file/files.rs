@@ -23,9 +23,10 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
+use crate::util::lock;
 
 /// What follows a segment's file name in a retired name.
 pub(crate) const RETIRED_MARK: &str = ".retired.";
@@ -88,10 +89,19 @@ struct Identity {
 
 impl Identity {
     fn of(file: &File) -> Identity {
-        let meta = file.metadata().ok();
+        file.metadata().map_or(
+            Identity {
+                inode: None,
+                born: None,
+            },
+            |m| Identity::from(&m),
+        )
+    }
+
+    fn from(meta: &std::fs::Metadata) -> Identity {
         Identity {
-            inode: meta.as_ref().and_then(inode),
-            born: meta.and_then(|m| m.created().ok()),
+            inode: inode(meta),
+            born: meta.created().ok(),
         }
     }
 
@@ -134,10 +144,6 @@ struct State {
     retired: bool,
     /// Never closed for the budget: replaced without a retired name.
     pinned: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl SegmentFile {
@@ -227,7 +233,7 @@ impl State {
                 e,
             )
         })?;
-        let now_len = f.metadata().map_err(|e| {
+        let meta = f.metadata().map_err(|e| {
             Error::io(
                 format!(
                     "cannot stat changelog segment path=`{}`",
@@ -236,7 +242,7 @@ impl State {
                 e,
             )
         })?;
-        if self.identity.differs(&Identity::of(&f)) || now_len.len() < len {
+        if self.identity.differs(&Identity::from(&meta)) || meta.len() < len {
             return Err(Error::transient(format!(
                 "changelog segment was replaced while this handle was open path=`{}` (a \
                  writer compacted it, or something else rewrote it); open the changelog \

@@ -2,7 +2,6 @@
 //! calls: the client context ([`Ctx`]), client configs, topic admin
 //! helpers, and how Kafka errors become statesnap errors ([`Where`]).
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use rdkafka::ClientContext;
@@ -51,11 +50,9 @@ impl ClientContext for Ctx {
 
 impl ConsumerContext for Ctx {}
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks cannot leave the data
-    // inconsistent (plain slots and handles), so poisoning is ignored.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+// A panic while holding one of these locks cannot leave the data
+// inconsistent (plain slots and handles), so poisoning is ignored.
+pub(super) use crate::util::lock;
 
 /// What the caller should do about a Kafka error.
 pub(super) fn kind_of(err: &KafkaError) -> ErrorKind {
