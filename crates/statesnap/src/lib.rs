@@ -127,6 +127,7 @@
 pub mod bench;
 pub mod changelog;
 pub mod clock;
+pub mod commit;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub(crate) mod digest;

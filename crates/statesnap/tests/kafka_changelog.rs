@@ -113,8 +113,8 @@ fn fresh_id(store: &str) -> ChangelogId {
 
 fn options(bootstrap: &str) -> KafkaOptions {
     KafkaOptions::new(bootstrap)
-        .request_timeout(Duration::from_secs(10))
-        .delivery_timeout(Duration::from_secs(10))
+        .request_timeout(Duration::from_secs(60))
+        .delivery_timeout(Duration::from_secs(60))
 }
 
 fn read_all(log: &dyn Changelog, from: u64) -> Vec<LoggedRecord> {
@@ -133,23 +133,25 @@ fn assert_prefix_of(got: &[LoggedRecord], batch: &[Record]) {
     }
 }
 
-/// Calls `f` until it succeeds, at most 20 times 250 ms apart, as long as it
-/// fails `transient` (any other kind fails the test); `Err` holds the last
-/// error when it never succeeded.
+/// Calls `f` until it succeeds, 250 ms apart for up to 120 s (an attempt
+/// may itself wait out a request or delivery timeout), as long as it fails
+/// `transient` (any other kind fails the test); `Err` holds the last error
+/// when it never succeeded.
 fn retry_transient<T>(mut f: impl FnMut() -> statesnap::Result<T>) -> Result<T, String> {
-    let mut last_error = String::new();
-    for _ in 0..20 {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
         match f() {
             Ok(v) => return Ok(v),
             Err(e) => {
                 assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
                 eprintln!("transient failure (retrying): {e:?}");
-                last_error = format!("{e:?}");
+                if Instant::now() >= deadline {
+                    return Err(format!("{e:?}"));
+                }
                 std::thread::sleep(Duration::from_millis(250));
             }
         }
     }
-    Err(last_error)
 }
 
 type KafkaStore = LoggedStore<MemoryStore, KafkaChangelog>;
@@ -243,7 +245,7 @@ impl OwnBroker {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(120);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(
                 Instant::now() < deadline,
@@ -474,9 +476,12 @@ fn a_value_the_broker_may_not_serve_reads_whole_or_fails_clearly() {
     let Some(b) = shared_broker() else {
         return;
     };
+    // 30 s: room for the records before the big one (and the big one, on
+    // Kafka) on a slow machine; on tansu the read waits this long for the
+    // record it never sends, then fails.
     let log = KafkaChangelog::open(
         fresh_id("big6"),
-        b.options().request_timeout(Duration::from_secs(3)),
+        b.options().request_timeout(Duration::from_secs(30)),
     )
     .unwrap();
     let batch = around_a_big_value(6);
@@ -589,11 +594,17 @@ fn broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly() {
     let Some(mut broker) = OwnBroker::start_own() else {
         return;
     };
+    // One handle serves the whole run, so its request timeout is a balance:
+    // it is how long the commit during the outage waits for its watermark
+    // fetch before it fails (10 s, still prompt), and it gives each request
+    // before the stop and after the restart room on a slow machine (a failed
+    // attempt after the restart is retried). Delivery is only awaited from a
+    // broker that is up: the watermark fetch fails first during the outage.
     let opts = options(&broker.bootstrap())
-        .request_timeout(Duration::from_secs(3))
-        .delivery_timeout(Duration::from_secs(3));
+        .request_timeout(Duration::from_secs(10))
+        .delivery_timeout(Duration::from_secs(30));
     let id = fresh_id("restart");
-    let log = KafkaChangelog::open(id.clone(), opts.clone()).unwrap();
+    let log = KafkaChangelog::open(id.clone(), opts).unwrap();
     let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
     let mut model = Kv::new();
     commit_puts(&mut store, &mut model, 100, 30);
@@ -616,7 +627,7 @@ fn broker_stopped_mid_run_fails_the_commit_and_a_restart_recovers_exactly() {
     assert!(store.store().applied_offset().unwrap() > applied);
     drop(store);
 
-    let log = KafkaChangelog::open(id, opts).unwrap();
+    let log = KafkaChangelog::open(id, options(&broker.bootstrap())).unwrap();
     assert_eq!(replayed(&log).0, model, "replay after the restart is exact");
 }
 
@@ -681,7 +692,7 @@ fn lineage_is_stable_and_changes_when_the_topic_is_recreated() {
 
     KafkaChangelog::delete_topic(&b.options(), &id.topic).unwrap();
     // Deletion may take a moment to be visible; recreate once it is.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let recreated = loop {
         match KafkaChangelog::open(id.clone(), b.options()) {
             Ok(log) if read_all(&log, 0).is_empty() => break log,
@@ -742,10 +753,13 @@ fn horizon_follows_delete_retention_and_the_injected_clock() {
 /// librdkafka's in-process mock cluster: exercises produce, fetch, watermarks
 /// and topic ids without a broker. It does not replace tansu (no
 /// DescribeConfigs, so the policy is unknown and only `Warn` opens; no
-/// compaction).
+/// compaction). 5 s for a request (it was 1 s): the mock answers at once,
+/// but a slow machine's scheduler may not; not more, because every open
+/// waits out one request timeout on the mock (its DescribeConfigs finds no
+/// controller), so the timeout is paid by every mock open.
 fn mock_options(mock: &MockCluster<'_, DefaultProducerContext>) -> KafkaOptions {
     KafkaOptions::new(mock.bootstrap_servers())
-        .request_timeout(Duration::from_secs(1))
+        .request_timeout(Duration::from_secs(5))
         .non_compacted_policy(NonCompactedPolicy::Warn)
 }
 
@@ -882,8 +896,13 @@ fn conformance_against_tansu() {
 #[test]
 fn mock_cluster_broker_down_fails_the_commit_and_recovery_is_exact() {
     let (mock, id) = mock_topic("mockdown");
-    let opts = mock_options(&mock).delivery_timeout(Duration::from_secs(2));
-    let log = KafkaChangelog::open(id.clone(), opts.clone()).unwrap();
+    // The handle that sees the outage has short timeouts, so its commit
+    // fails promptly (the watermark fetch before the append times out);
+    // the reopen that checks the recovery has the generous ones.
+    let opts = mock_options(&mock)
+        .request_timeout(Duration::from_secs(5))
+        .delivery_timeout(Duration::from_secs(5));
+    let log = KafkaChangelog::open(id.clone(), opts).unwrap();
     let mut store = LoggedStore::new(MemoryStore::new(), log).unwrap();
     let mut model = Kv::new();
     commit_puts(&mut store, &mut model, 50, 7);
@@ -897,7 +916,7 @@ fn mock_cluster_broker_down_fails_the_commit_and_recovery_is_exact() {
     }
     model.insert(Bytes::from("during-outage"), Bytes::from("x"));
     drop(store);
-    let log = KafkaChangelog::open(id, opts).unwrap();
+    let log = KafkaChangelog::open(id, mock_options(&mock)).unwrap();
     assert_eq!(replayed(&log).0, model);
 }
 
@@ -1064,10 +1083,13 @@ fn broker_down_mid_read_is_a_transient_error_after_an_exact_prefix() {
         return;
     };
     // Small client-side buffers, so most of the log is still on the broker
-    // when it goes down. 10 s: with one reader fetching hard, tansu 0.6.0
+    // when it goes down. 60 s: with one reader fetching hard, tansu 0.6.0
     // (SQLite engine) took 3-10 s here to serve a second consumer's first
-    // fetch of a 100 000-record partition (3 s failed every run).
+    // fetch of a 100 000-record partition (3 s failed every run), and a
+    // slow machine takes longer. The read that fails once the broker is
+    // stopped waits this long for it.
     let opts = options(&broker.bootstrap())
+        .request_timeout(Duration::from_secs(60))
         .property("queued.max.messages.kbytes", "256")
         .property("max.partition.fetch.bytes", "262144");
     let id = fresh_id("readdown");
@@ -1113,4 +1135,98 @@ fn broker_down_mid_read_is_a_transient_error_after_an_exact_prefix() {
         "{} records",
         again.len()
     );
+}
+
+/// A standby promoted in another `StateManager` fences the old owner on the
+/// Kafka changelog whether the two managers each have their own handle of
+/// the partition (the writer claim record the promoted handle writes) or
+/// share one (the claim the promoted handle takes on it): the old owner's
+/// next commit is refused (`stale`, reason `fenced`) and nothing of it
+/// reaches the log. `log_b` is the promoted side's handle (`log_a`'s clone
+/// when shared).
+async fn promotion_fences_the_old_owner(
+    log_a: Arc<KafkaChangelog>,
+    log_b: Arc<KafkaChangelog>,
+    label: &str,
+) {
+    use statesnap::runtime::{SnapshotPolicy, StandbyOptions, StateManager, StoreSpec};
+    use statesnap::{PortableFormat, StoreKey as Key};
+    let key = Key::new("app", "fence", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _) = common::memory_repo();
+    let manager = || {
+        StateManager::builder(repo.clone())
+            .policy(SnapshotPolicy::manual())
+            .standby_options(StandbyOptions {
+                poll_interval: Duration::from_millis(20),
+                ..StandbyOptions::default()
+            })
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (manager(), manager());
+    let spec = |log: &Arc<KafkaChangelog>, d: &str| {
+        StoreSpec::new(
+            key.clone(),
+            Arc::clone(log),
+            PortableFormat::memory(),
+            dir.path().join(d),
+        )
+    };
+    let mut owner = a.open(spec(&log_a, "a")).await.unwrap();
+    let mut model = Kv::new();
+    for i in 0..50u32 {
+        let (k, v) = (format!("k{}", i % 7), format!("v{i}"));
+        owner.put(k.clone(), v.clone());
+        model.insert(Bytes::from(k), Bytes::from(v));
+        if i % 10 == 9 {
+            owner.commit().unwrap();
+        }
+    }
+    assert!(owner.snapshot_now().unwrap());
+    assert!(owner.wait_for_snapshot().await.last_error.is_none());
+    let sb = b.standby(spec(&log_b, "b")).unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
+    let mut promoted = sb.promote(Duration::from_secs(60)).await.unwrap();
+    promoted.put("k-new", "from the new owner");
+    promoted.commit().unwrap();
+    model.insert(Bytes::from("k-new"), Bytes::from("from the new owner"));
+
+    owner.put("k0", "from the old owner");
+    let e = owner.commit().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Stale, "{label}: {e}");
+    assert_eq!(e.reason(), Some(Reason::Fenced), "{label}: {e}");
+    let (from_log, _) = replayed(&*log_b);
+    assert_eq!(from_log, model, "{label}: no write of the old owner");
+    assert_eq!(contents(promoted.store()), model);
+    owner.abandon().await;
+    promoted.abandon().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Each manager with a handle of its own, on the real broker: the claim
+/// record of the promoted handle's first commit fences the old owner.
+#[test]
+fn a_promotion_in_another_manager_fences_the_old_owner_on_kafka() {
+    let Some(broker) = shared_broker() else {
+        return;
+    };
+    let id = fresh_id("fence-own");
+    let log_a = Arc::new(KafkaChangelog::open(id.clone(), broker.options()).unwrap());
+    let log_b = Arc::new(KafkaChangelog::open(id, broker.options()).unwrap());
+    common::rt().block_on(promotion_fences_the_old_owner(log_a, log_b, "own handles"));
+}
+
+/// Both managers sharing one handle (the mock cluster is enough: no claim
+/// record is written, the handle's own claims fence).
+#[test]
+fn a_promotion_in_another_manager_sharing_the_handle_fences_the_old_owner() {
+    let (mock, id) = mock_topic("fence-shared");
+    let log = Arc::new(KafkaChangelog::open(id, mock_options(&mock)).unwrap());
+    common::rt().block_on(promotion_fences_the_old_owner(
+        Arc::clone(&log),
+        log,
+        "shared handle",
+    ));
 }

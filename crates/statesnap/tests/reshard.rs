@@ -456,6 +456,131 @@ fn a_key_held_by_two_sources_is_refused() {
     });
 }
 
+/// Defect: a key held by two sources, met after whole batches had been
+/// appended, was refused after writing them. The duplicate sorts last of
+/// all keys: the refusal still comes before any target log, store or
+/// snapshot is written, and once the duplicate is gone a plain run (not a
+/// resume) finds the targets new.
+#[test]
+fn a_key_held_by_two_sources_found_last_is_refused_before_any_write() {
+    common::rt().block_on(async {
+        let s = Sources::new(Kind::Memory, 2, 60_000, 40_000, 17).await;
+        let dup = "zz-last-key-of-all";
+        for l in &s.logs {
+            l.append(&[Record::put(dup, "x")]).unwrap();
+        }
+        let t = Targets::new(s.root.path(), "late", 3);
+        let e = run(&s, Kind::Memory, &t, Kind::Memory, &Default::default())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains(dup), "{e}");
+        refused(e, ErrorKind::Config, &t, &[0, 0, 0]);
+        for k in &t.keys {
+            assert!(s.repo.catalog().latest(k).await.unwrap().is_none());
+        }
+        // The duplicate removed from one source: the targets are new.
+        s.logs[1].append(&[Record::delete(dup)]).unwrap();
+        let r = run(&s, Kind::Memory, &t, Kind::Memory, &Default::default())
+            .await
+            .unwrap();
+        assert!(r.targets.iter().all(|t| t.resumed == 0));
+    });
+}
+
+/// Defect: a resume whose partitioner differed from the first run's only
+/// on the greatest key was refused, but only after the targets before the
+/// differing one had appended their pending records, so that even the
+/// correct resume then failed. A resume checks every target before any
+/// appends: the refusal changes nothing, and the correct resume finishes.
+#[test]
+fn a_refused_resume_changes_no_target() {
+    common::rt().block_on(async {
+        let mut s = Sources::new(Kind::Memory, 2, 40_000, 30_000, 19).await;
+        // The greatest key of all, placed by Kafka's partitioner in a target
+        // other than 0: a partitioner that sends it to target 0 instead
+        // adds a record at the end of target 0 (which finishes first) and
+        // leaves one too many in its own target.
+        let greatest = (0..)
+            .map(|i| Bytes::from(format!("zz-greatest-{i}")))
+            .find(|k| Murmur2.partition(k, 4) != 0)
+            .unwrap();
+        let p = Murmur2.partition(&greatest, 2) as usize;
+        s.logs[p]
+            .append(&[Record::put(greatest.clone(), "last")])
+            .unwrap();
+        s.models[p].insert(greatest.clone(), Bytes::from("last"));
+        let t = Targets::new(s.root.path(), "resume-late", 4);
+        // Interrupted after every record was written, before the commits:
+        // a finished run whose snapshots are gone.
+        let r = run(&s, Kind::Memory, &t, Kind::Memory, &Default::default())
+            .await
+            .unwrap();
+        for (k, tr) in t.keys.iter().zip(&r.targets) {
+            if let Some(id) = tr.snapshot {
+                s.repo.catalog().delete_snapshot(k, id).await.unwrap();
+            }
+        }
+        let partial = t.end_offsets();
+        // A partitioner that differs only on the greatest key.
+        assert_eq!(s.union().keys().next_back(), Some(&greatest));
+        let other = ReshardOptions {
+            partitioner: Arc::new(FnPartitioner::new("murmur2", move |k: &[u8], n| {
+                if k == &greatest[..] {
+                    0
+                } else {
+                    Murmur2.partition(k, n)
+                }
+            })),
+            resume: true,
+            ..Default::default()
+        };
+        let e = run(&s, Kind::Memory, &t, Kind::Memory, &other)
+            .await
+            .unwrap_err();
+        refused(e, ErrorKind::AlreadyExists, &t, &partial);
+        // The correct resume still finishes, exactly.
+        let resume = ReshardOptions {
+            resume: true,
+            ..Default::default()
+        };
+        let r = run(&s, Kind::Memory, &t, Kind::Memory, &resume)
+            .await
+            .unwrap();
+        check_exact(&s, &t, Kind::Memory, &r, &Murmur2).await;
+    });
+}
+
+/// Defect: a reshard dropped while a source restore ran on the blocking
+/// pool left its scratch directory behind (the guard removed it once, and
+/// the restore wrote into it again). Dropped at many points, from the
+/// sources' restore to the commits, nothing of the scratch space remains
+/// once the work it started has ended (the runtime, dropped, waits for
+/// it).
+#[test]
+fn a_dropped_reshard_leaves_no_scratch_behind() {
+    let s = common::rt().block_on(Sources::new(Kind::Rocks, 3, 30_000, 20_000, 23));
+    for (i, delay_ms) in [0u64, 1, 3, 8, 20, 50, 120, 300].into_iter().enumerate() {
+        let t = Targets::new(s.root.path(), &format!("drop{i}"), 2);
+        let scratch = s.root.path().join(format!("scratch-drop-{i}"));
+        let rt = common::rt();
+        let finished = rt.block_on(async {
+            let (f, g) = (RocksFormat::default(), RocksFormat::default());
+            let (sources, targets) = (s.partitions(), t.partitions());
+            let o = ReshardOptions::default();
+            let work = reshard(&s.repo, &f, &sources, &g, &targets, &scratch, &o);
+            tokio::time::timeout(std::time::Duration::from_millis(delay_ms), work)
+                .await
+                .is_ok()
+        });
+        drop(rt);
+        assert!(
+            !scratch.exists(),
+            "dropped after {delay_ms} ms (finished: {finished}): scratch left: {:?}",
+            std::fs::read_dir(&scratch).map(|d| d.count())
+        );
+    }
+}
+
 #[test]
 fn per_partition_bookkeeping_is_left_behind_and_counted() {
     common::rt().block_on(async {
@@ -502,7 +627,7 @@ fn targets_on_kafka_with_marker_lineage_are_new_and_ready_to_run() {
         let s = Sources::new(Kind::Rocks, 2, 1_500, 400, 17).await;
         let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
         let options = KafkaOptions::new(mock.bootstrap_servers())
-            .request_timeout(std::time::Duration::from_secs(2))
+            .request_timeout(std::time::Duration::from_secs(5))
             .non_compacted_policy(NonCompactedPolicy::Warn)
             .lineage_source(LineageSource::Marker);
         let keys: Vec<StoreKey> = (0..3)
@@ -570,7 +695,17 @@ fn an_interrupted_reshard_is_refused_then_resumed_to_the_same_state() {
         // Enough keys that the first appends happen before the interruption.
         let s = Sources::new(Kind::Memory, 2, 80_000, 60_000, 13).await;
         let t = Targets::new(s.root.path(), "resume", 2);
-        let e = run(&s, Kind::Memory, &t, Kind::Rocks, &failing_after(30_000)).await;
+        // The checking pass places every key once without writing; the
+        // writing pass then fails 30 000 keys in.
+        let keys = s.union().len() as u64;
+        let e = run(
+            &s,
+            Kind::Memory,
+            &t,
+            Kind::Rocks,
+            &failing_after(keys + 30_000),
+        )
+        .await;
         assert_eq!(e.unwrap_err().kind(), ErrorKind::Config);
         let partial = t.end_offsets();
         assert!(

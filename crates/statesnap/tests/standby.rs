@@ -13,7 +13,7 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::recorder::Recorded;
@@ -28,8 +28,8 @@ use statesnap::format::portable::PortableFormat;
 use statesnap::repo::faulty::{FaultConfig, FaultyStore};
 use statesnap::restore::Source;
 use statesnap::runtime::{
-    RebootstrapCause, SnapshotPolicy, StandbyHandle, StandbyOptions, StandbyState, StateHandle,
-    StateManager, StoreSpec,
+    RebootstrapCause, SnapshotPolicy, StandbyHandle, StandbyOptions, StandbyState, StandbyStatus,
+    StateHandle, StateManager, StoreSpec,
 };
 use statesnap::store::StateStore;
 use statesnap::{Error, ErrorKind, MemoryStore, Reason, Repository, Result, RocksFormat, StoreKey};
@@ -42,6 +42,8 @@ struct Tap {
     current: AtomicUsize,
     down: AtomicBool,
     delay_ms: AtomicU64,
+    /// How many calls are inside their delay now.
+    delaying: AtomicUsize,
 }
 
 impl Tap {
@@ -53,6 +55,7 @@ impl Tap {
             current: AtomicUsize::new(0),
             down: AtomicBool::new(false),
             delay_ms: AtomicU64::new(0),
+            delaying: AtomicUsize::new(0),
         })
     }
 
@@ -63,6 +66,7 @@ impl Tap {
             current: AtomicUsize::new(self.current.load(Ordering::SeqCst)),
             down: AtomicBool::new(false),
             delay_ms: AtomicU64::new(0),
+            delaying: AtomicUsize::new(0),
         })
     }
 
@@ -86,7 +90,9 @@ impl Tap {
         match self.delay_ms.load(Ordering::SeqCst) {
             0 => Ok(()),
             ms => {
+                self.delaying.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(ms));
+                self.delaying.fetch_sub(1, Ordering::SeqCst);
                 Ok(())
             }
         }
@@ -115,6 +121,18 @@ impl Changelog for Tap {
     fn append(&self, batch: &[Record]) -> Result<Vec<u64>> {
         self.check()?;
         self.log().append(batch)
+    }
+    fn begin_writer(&self) -> Result<Option<statesnap::changelog::WriterClaim>> {
+        self.check()?;
+        self.log().begin_writer()
+    }
+    fn append_as(
+        &self,
+        claim: statesnap::changelog::WriterClaim,
+        batch: &[Record],
+    ) -> Result<Vec<u64>> {
+        self.check()?;
+        self.log().append_as(claim, batch)
     }
     fn read_from(&self, from: u64) -> Result<Box<dyn ChangelogReader + '_>> {
         self.check()?;
@@ -249,15 +267,39 @@ async fn snapshot<F: StoreFormat>(h: &mut StateHandle<F, Log>) {
 }
 
 /// Waits until the standby's state reflects `offset` (or fails the test
-/// after 30 s, with its status).
+/// after 60 s, with its status).
 async fn caught_up<F: StoreFormat, C: Changelog>(sb: &StandbyHandle<F, C>, offset: u64) {
-    for _ in 0..3000 {
-        if sb.applied_offset().ok().flatten() == Some(offset) {
-            return;
-        }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sb.applied_offset().ok().flatten() != Some(offset) {
+        assert!(
+            Instant::now() < deadline,
+            "standby did not reach offset {offset} within 60 s: {:?}",
+            sb.status()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("standby did not reach offset {offset}: {:?}", sb.status());
+}
+
+/// Polls the standby's status until `done` holds and returns it, or fails
+/// the test after 60 s, naming what it waited for (`what` the standby
+/// should do) with the last status.
+async fn status_when<F: StoreFormat, C: Changelog>(
+    sb: &StandbyHandle<F, C>,
+    what: &str,
+    done: impl Fn(&StandbyStatus) -> bool,
+) -> StandbyStatus {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = sb.status();
+        if done(&st) {
+            return st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 60 s for the standby to {what}: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Checks that what the standby shows is the model's state at the offset
@@ -343,7 +385,7 @@ async fn follow_and_promote<F: StoreFormat + 'static>(make: Make<F>) {
     let sb = m
         .standby(make(log.view(), dir.path().join("standby")))
         .unwrap();
-    sb.ready(Duration::from_secs(30)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     let st = sb.status();
     let first = &st.bootstraps[0];
     assert!(matches!(first.source, Source::Snapshot { .. }), "{first:?}");
@@ -380,7 +422,7 @@ async fn follow_and_promote<F: StoreFormat + 'static>(make: Make<F>) {
     assert_eq!(listed[0].applied_offset, Some(last));
     // The owner dies without a handoff; promote.
     owner.abandon().await;
-    let mut h = sb.promote(Duration::from_secs(10)).await.unwrap();
+    let mut h = sb.promote(Duration::from_secs(60)).await.unwrap();
     assert!(
         m.standbys().is_empty(),
         "a promoted standby is an open store"
@@ -441,18 +483,70 @@ async fn promotion_replays_exactly_the_lag_at_the_kill() {
     let sb = m
         .standby(StoreSpec::rocksdb(key(), log.view(), dir.path().join("s")))
         .unwrap();
-    sb.ready(Duration::from_secs(30)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     let at_ready = sb.applied_offset().unwrap().unwrap();
     let mut last = 0;
     for _ in 0..7 {
         last = write_batch(&mut owner, &mut history, &mut rng, 30);
     }
     owner.abandon().await;
-    let h = sb.promote(Duration::from_secs(10)).await.unwrap();
+    let h = sb.promote(Duration::from_secs(60)).await.unwrap();
     assert_eq!(h.report().replay.records, last - at_ready);
     assert_eq!(h.report().transfer.bytes_downloaded, 0);
     assert_eq!(contents(h.store()), history.now);
     m.shutdown().await;
+}
+
+/// Defect: with the old owner still live in manager A, a standby of the
+/// same file log promoted in manager B did not fence it: A's later commits
+/// reached the log and the promoted store. The promoted handle claims the
+/// log: A's next commit is refused (`stale`, reason `fenced`) with nothing
+/// appended, and the new owner writes on exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_in_another_manager_fences_the_old_owner() {
+    let World {
+        dir,
+        repo,
+        m,
+        log,
+        mut history,
+        mut rng,
+        mut owner,
+        ..
+    } = World::new(rocks, fast(), 31).await;
+    for _ in 0..5 {
+        write_batch(&mut owner, &mut history, &mut rng, 20);
+    }
+    snapshot(&mut owner).await;
+    let b = manager(repo.clone(), fast());
+    let sb = b
+        .standby(StoreSpec::rocksdb(key(), log.view(), dir.path().join("s")))
+        .unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
+    let last = write_batch(&mut owner, &mut history, &mut rng, 10);
+    let mut promoted = sb.promote(Duration::from_secs(60)).await.unwrap();
+    assert_eq!(promoted.store().applied_offset().unwrap(), Some(last));
+    let end = log.end_offset().unwrap();
+
+    // The old owner, still open in manager A, tries to write on.
+    owner.put("k00", "from the old owner");
+    let e = owner.commit().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Stale, "{e}");
+    assert_eq!(e.reason(), Some(Reason::Fenced), "{e}");
+    assert_eq!(log.end_offset().unwrap(), end, "nothing reached the log");
+
+    // The new owner writes on; the log and its store agree with the model.
+    write_batch(&mut promoted, &mut history, &mut rng, 20);
+    assert_eq!(contents(promoted.store()), history.now);
+    let (from_log, _) = common::replayed(&*log);
+    assert_eq!(
+        from_log, history.now,
+        "the log holds no write of the old owner"
+    );
+    owner.abandon().await;
+    promoted.abandon().await;
+    m.shutdown().await;
+    b.shutdown().await;
 }
 
 /// The changelog cannot be reached: the standby says so, its lag grows,
@@ -480,23 +574,17 @@ async fn an_unreachable_changelog_grows_the_lag_and_following_resumes() {
     let sb = other
         .standby(StoreSpec::memory(key(), view.clone(), dir.path().join("s")))
         .unwrap();
-    sb.ready(Duration::from_secs(30)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     caught_up(&sb, last).await;
     view.set_down(true);
     for _ in 0..5 {
         last = write_batch(&mut owner, &mut history, &mut rng, 40);
     }
-    let mut st = sb.status();
-    for _ in 0..500 {
-        st = sb.status();
-        if st.state == StandbyState::Retrying && st.lag.time >= Duration::from_millis(200) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(st.state, StandbyState::Retrying, "{st:?}");
+    let st = status_when(&sb, "retry with a lag of 200 ms or more", |st| {
+        st.state == StandbyState::Retrying && st.lag.time >= Duration::from_millis(200)
+    })
+    .await;
     assert_eq!(st.last_error.as_ref().unwrap().0, ErrorKind::Transient);
-    assert!(st.lag.time >= Duration::from_millis(200), "{st:?}");
     // Reads still see one consistent (older) state.
     check_read(&sb, &history);
     // A promotion cannot reach the log: transient, the standby is back.
@@ -560,16 +648,18 @@ async fn a_repository_down_at_bootstrap_is_retried() {
         .unwrap();
     let err = sb.ready(Duration::from_millis(300)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Transient);
-    let st = sb.status();
-    assert_eq!(st.state, StandbyState::Retrying, "{st:?}");
-    assert!(st.bootstraps.is_empty());
+    let st = status_when(&sb, "retry while the repository is down", |st| {
+        st.state == StandbyState::Retrying
+    })
+    .await;
+    assert!(st.bootstraps.is_empty(), "{st:?}");
     assert_eq!(
         sb.get(b"k01").unwrap_err().kind(),
         ErrorKind::Transient,
         "no reads before the bootstrap"
     );
     faulty.set_config(FaultConfig::default());
-    sb.ready(Duration::from_secs(30)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     let b = &sb.status().bootstraps[0];
     assert!(matches!(b.source, Source::Snapshot { .. }), "{b:?}");
     caught_up(&sb, last).await;
@@ -602,7 +692,7 @@ async fn a_standby_below_the_horizon_rebootstraps_from_a_snapshot() {
             dir.path().join("s"),
         ))
         .unwrap();
-    sb.ready(Duration::from_secs(30)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     caught_up(&sb, last).await;
     view.set_down(true);
     for _ in 0..40 {
@@ -651,7 +741,7 @@ async fn a_new_lineage_rebootstraps_the_standby() {
     let sb = m
         .standby(StoreSpec::memory(key(), view.clone(), dir.path().join("s")))
         .unwrap();
-    sb.ready(Duration::from_secs(30)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     caught_up(&sb, last).await;
     owner.abandon().await;
     // The log is deleted and created again; a new owner writes into it.
@@ -700,28 +790,24 @@ async fn a_lost_directory_rebootstraps_the_standby() {
     let sb = m
         .standby(StoreSpec::rocksdb(key(), log.view(), dir.path().join("s")))
         .unwrap();
-    sb.ready(Duration::from_secs(30)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     caught_up(&sb, last).await;
     std::fs::remove_dir_all(dir.path().join("s")).unwrap();
     for _ in 0..3 {
         last = write_batch(&mut owner, &mut history, &mut rng, 40);
     }
     caught_up(&sb, last).await;
-    let mut st = sb.status();
-    for _ in 0..500 {
-        st = sb.status();
-        if st.bootstraps.len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let st = status_when(&sb, "bootstrap a second time", |st| {
+        st.bootstraps.len() == 2
+    })
+    .await;
     let again = st.bootstraps.last().unwrap();
     assert_eq!(again.cause, Some(RebootstrapCause::DirectoryLost), "{st:?}");
     assert!(dir.path().join("s").exists());
     caught_up(&sb, last).await;
     check_read(&sb, &history);
     owner.abandon().await;
-    let h = sb.promote(Duration::from_secs(10)).await.unwrap();
+    let h = sb.promote(Duration::from_secs(60)).await.unwrap();
     assert_eq!(contents(h.store()), history.now);
     m.shutdown().await;
 }
@@ -747,7 +833,7 @@ async fn a_standby_writes_nothing_and_one_writer_per_manager_holds() {
     let sb = m
         .standby(StoreSpec::memory(key(), log.view(), dir.path().join("s")))
         .unwrap();
-    sb.ready(Duration::from_secs(30)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     caught_up(&sb, last).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(log.log().end_offset().unwrap(), last + 1);
@@ -807,7 +893,7 @@ fn standby_lag_and_promotion_reach_the_metrics_facade() {
             let sb = m
                 .standby(StoreSpec::memory(key(), log.view(), dir.path().join("s")))
                 .unwrap();
-            sb.ready(Duration::from_secs(30)).await.unwrap();
+            sb.ready(Duration::from_secs(60)).await.unwrap();
             let mut last = 0;
             for _ in 0..5 {
                 last = write_batch(&mut owner, &mut history, &mut rng, 40);
@@ -816,19 +902,21 @@ fn standby_lag_and_promotion_reach_the_metrics_facade() {
             let followed = sb.status().records_followed;
             assert!(followed > 0);
             // The counter is bumped right after the poll applied.
-            for _ in 0..500 {
-                if rec.counter("statesnap_standby_followed_records_total") == followed {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let counted = rec.counter("statesnap_standby_followed_records_total");
+                if counted == followed {
                     break;
                 }
+                assert!(
+                    Instant::now() < deadline,
+                    "waited 60 s for the followed-records counter to reach {followed}: {counted}"
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            assert_eq!(
-                rec.counter("statesnap_standby_followed_records_total"),
-                followed
-            );
             assert_eq!(rec.gauge("statesnap_standby_lag_records"), 0.0);
             owner.abandon().await;
-            let h = sb.promote(Duration::from_secs(10)).await.unwrap();
+            let h = sb.promote(Duration::from_secs(60)).await.unwrap();
             assert_eq!(rec.samples("statesnap_standby_promote_seconds"), 1);
             // The owner's open and the promotion's.
             assert_eq!(rec.samples("statesnap_open_seconds"), 2);
@@ -868,11 +956,21 @@ async fn a_dropped_standby_lets_its_directory_go_and_an_open_retries() {
             dir.path().join("s"),
         ))
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Dropped once the bootstrap is inside a blocking step: a call to the
+    // slow log, on the restore's blocking thread.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while view.delaying.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "waited 60 s for the standby's bootstrap to call the slow log"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     drop(sb);
     // Not listed once its handle is gone, though its last step runs on.
     assert!(m.standbys().is_empty(), "{:?}", m.standbys());
     let mut refusals = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
     let h = loop {
         match m
             .open(StoreSpec::rocksdb(key(), log.view(), dir.path().join("s")))
@@ -883,7 +981,10 @@ async fn a_dropped_standby_lets_its_directory_go_and_an_open_retries() {
                 assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
                 assert_eq!(e.reason(), Some(Reason::InUse), "{e}");
                 refusals += 1;
-                assert!(refusals < 500, "the dropped standby never let go");
+                assert!(
+                    Instant::now() < deadline,
+                    "the dropped standby did not let go of its directory within 60 s"
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
@@ -952,7 +1053,7 @@ async fn a_standby_that_is_not_ready_is_never_promoted() {
     // The directory goes; the promotion right after must not hand over
     // the store that followed in it.
     let sb = m.standby(rocks(log.view(), dir.path().join("s2"))).unwrap();
-    sb.ready(Duration::from_secs(30)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     caught_up(&sb, last).await;
     std::fs::remove_dir_all(dir.path().join("s2")).unwrap();
     let sb = match sb.promote(Duration::from_secs(10)).await {
@@ -962,20 +1063,16 @@ async fn a_standby_that_is_not_ready_is_never_promoted() {
             e.standby
         }
     };
-    let mut st = sb.status();
-    for _ in 0..1000 {
-        st = sb.status();
-        if st.bootstraps.len() == 2 && st.state == StandbyState::Following {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let st = status_when(&sb, "bootstrap a second time and follow", |st| {
+        st.bootstraps.len() == 2 && st.state == StandbyState::Following
+    })
+    .await;
     assert_eq!(
         st.bootstraps.last().unwrap().cause,
         Some(RebootstrapCause::DirectoryLost),
         "{st:?}"
     );
-    let h = sb.promote(Duration::from_secs(10)).await.unwrap();
+    let h = sb.promote(Duration::from_secs(60)).await.unwrap();
     assert!(dir.path().join("s2").exists());
     assert_eq!(contents(h.store()), history.now);
     m.shutdown().await;
@@ -1056,7 +1153,7 @@ async fn model_run<F: StoreFormat + 'static>(ops: Vec<Op>, seed: u64, make: Make
             Op::Start if sb.is_none() => {
                 let s = m.standby(make(view.clone(), dir.path().join("s"))).unwrap();
                 if !view.down.load(Ordering::SeqCst) {
-                    s.ready(Duration::from_secs(10)).await.unwrap();
+                    s.ready(Duration::from_secs(60)).await.unwrap();
                 }
                 sb = Some(s);
             }
@@ -1075,10 +1172,10 @@ async fn model_run<F: StoreFormat + 'static>(ops: Vec<Op>, seed: u64, make: Make
         Some(s) => s,
         None => m.standby(make(view.clone(), dir.path().join("s"))).unwrap(),
     };
-    sb.ready(Duration::from_secs(10)).await.unwrap();
+    sb.ready(Duration::from_secs(60)).await.unwrap();
     owner.abandon().await;
     let before = sb.status().applied_offset;
-    let h = sb.promote(Duration::from_secs(30)).await.unwrap();
+    let h = sb.promote(Duration::from_secs(60)).await.unwrap();
     let report = h.report();
     assert_eq!(report.transfer.bytes_downloaded, 0);
     let next = |o: Option<u64>| o.map_or(0, |o| o + 1);

@@ -315,6 +315,54 @@ impl<R: ChangelogReader> ChangelogReader for FusedReader<R> {
     }
 }
 
+/// A writer's claim on one changelog handle: what
+/// [`Changelog::begin_writer`] hands out and [`Changelog::append_as`]
+/// checks. A newer claim on the same handle fences every older one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterClaim(u64);
+
+impl WriterClaim {
+    /// Its number: claims on one handle count up from 1.
+    pub fn number(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The claims of one changelog handle, for backends that implement
+/// [`Changelog::begin_writer`]: the newest claim is the only one whose
+/// appends are accepted.
+#[derive(Debug, Default)]
+pub(crate) struct WriterClaims {
+    newest: std::sync::atomic::AtomicU64,
+}
+
+impl WriterClaims {
+    /// A new claim, fencing every older one.
+    pub(crate) fn begin(&self) -> WriterClaim {
+        WriterClaim(
+            self.newest
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                .saturating_add(1),
+        )
+    }
+
+    /// Refuses (`stale`, [`crate::Reason::Fenced`]) a claim that is not the
+    /// newest.
+    pub(crate) fn check(&self, claim: WriterClaim, id: &ChangelogId) -> Result<()> {
+        let newest = self.newest.load(std::sync::atomic::Ordering::SeqCst);
+        if claim.0 == newest {
+            return Ok(());
+        }
+        Err(crate::Error::stale(format!(
+            "this writer was fenced: a newer writer claimed the changelog changelog=`{id}` \
+             claim={} newest_claim={newest}; the store has a new owner (a promoted standby or a \
+             newer open): close this handle, its later writes are refused",
+            claim.0
+        ))
+        .with_reason(crate::Reason::Fenced))
+    }
+}
+
 /// An offset-addressed log of writes. Implementations must be safe to read
 /// from one thread while another appends.
 ///
@@ -374,6 +422,26 @@ pub trait Changelog: Send + Sync {
         let _ = offset;
         Ok(None)
     }
+
+    /// Claims this handle for a new writer (a store handle that becomes
+    /// the owner: an open, a promoted standby): from now on appends made
+    /// under any older claim ([`Changelog::append_as`]) are refused
+    /// (`stale`, reason `fenced`), so two owners in one process that share
+    /// the handle can never both write. `None`: the backend does not fence
+    /// through claims ([`Changelog::append_as`] then appends as usual).
+    /// Across processes, the file log's directory lock and the Kafka
+    /// changelog's writer claim record keep one writer.
+    fn begin_writer(&self) -> Result<Option<WriterClaim>> {
+        Ok(None)
+    }
+
+    /// [`Changelog::append`] under `claim`: refused (`stale`, reason
+    /// `fenced`), with nothing written, when a newer claim was begun on this
+    /// handle. The default appends (for a backend that hands out no claims).
+    fn append_as(&self, claim: WriterClaim, batch: &[Record]) -> Result<Vec<u64>> {
+        let _ = claim;
+        self.append(batch)
+    }
 }
 
 /// Forwards every [`Changelog`] method through a smart pointer (no method may
@@ -410,6 +478,12 @@ macro_rules! forward_changelog {
             }
             fn epoch_at(&self, offset: u64) -> Result<Option<u64>> {
                 (**self).epoch_at(offset)
+            }
+            fn begin_writer(&self) -> Result<Option<WriterClaim>> {
+                (**self).begin_writer()
+            }
+            fn append_as(&self, claim: WriterClaim, batch: &[Record]) -> Result<Vec<u64>> {
+                (**self).append_as(claim, batch)
             }
         }
     };

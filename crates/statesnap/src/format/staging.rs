@@ -193,9 +193,12 @@ fn leases() -> std::sync::MutexGuard<'static, HashMap<PathBuf, Weak<Lease>>> {
     lock(LEASES.get_or_init(|| Mutex::new(HashMap::new())))
 }
 
-/// How [`leases`] names a path: normalized, so that `./x` and `x` are one.
+/// How [`leases`] names a path: normalized and absolute, so that `./x`,
+/// `x` and `$PWD/x` are one, and a guarded directory is an ancestor of the
+/// paths inside it however they are spelled.
 fn lease_key(p: &Path) -> PathBuf {
-    normalize_target(p).unwrap_or_else(|_| p.to_path_buf())
+    let p = normalize_target(p).unwrap_or_else(|_| p.to_path_buf());
+    std::path::absolute(&p).unwrap_or(p)
 }
 
 /// A guarded path: removed (unless disarmed) when its guard and every
@@ -257,18 +260,24 @@ pub(crate) struct Hold {
     _leases: Vec<Arc<Lease>>,
 }
 
-/// A [`Hold`] on those of `paths` that a
-/// [`PathGuard`] of this process owns. Take it in the task, before the
+/// A [`Hold`] on every guarded path (a [`PathGuard`] of this process) that
+/// is one of `paths` or holds one of them (an ancestor: a scratch directory
+/// the step works somewhere inside). Take it in the task, before the
 /// blocking step starts, and move it into the step.
 pub(crate) fn hold(paths: &[&Path]) -> Hold {
-    let keys: Vec<PathBuf> = paths.iter().map(|p| lease_key(p)).collect();
     let leases = leases();
-    Hold {
-        _leases: keys
-            .iter()
-            .filter_map(|k| leases.get(k).and_then(Weak::upgrade))
-            .collect(),
+    let mut held: Vec<Arc<Lease>> = Vec::new();
+    for p in paths {
+        let key = lease_key(p);
+        for a in key.ancestors() {
+            if let Some(l) = leases.get(a).and_then(Weak::upgrade)
+                && !held.iter().any(|h| Arc::ptr_eq(h, &l))
+            {
+                held.push(l);
+            }
+        }
     }
+    Hold { _leases: held }
 }
 
 /// Runs `f` on the blocking pool with `held` kept until whatever `f`

@@ -59,9 +59,43 @@ pub struct Listing {
 }
 
 impl Listing {
-    /// The newest valid snapshot.
+    /// The live changelog incarnation as far as the repository can tell:
+    /// the lineage of the most recently *created* snapshot (a dead
+    /// incarnation has no writer left to snapshot it), as retention's
+    /// [`crate::repo::retention::plan`] takes it. `None` when there are no
+    /// snapshots.
+    pub fn live_lineage(&self) -> Option<&crate::changelog::Lineage> {
+        self.snapshots
+            .iter()
+            .max_by_key(|s| (s.manifest.created_at, s.manifest.name()))
+            .map(|s| &s.manifest.changelog.lineage)
+    }
+
+    /// How many changelog incarnations (lineages) the snapshots span.
+    pub fn lineages(&self) -> usize {
+        self.snapshots
+            .iter()
+            .map(|s| &s.manifest.changelog.lineage)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    }
+
+    /// The newest valid snapshot of the live incarnation
+    /// ([`Listing::live_lineage`]): what restore and retention mean by the
+    /// newest. Offsets of different incarnations are not comparable (after
+    /// a changelog is recreated, the dead incarnation's snapshots sit at
+    /// higher offsets), so the highest offset overall is not the answer.
     pub fn latest(&self) -> Option<&SnapshotInfo> {
-        self.snapshots.last()
+        let live = self.live_lineage()?;
+        self.latest_of(live)
+    }
+
+    /// The newest valid snapshot of changelog incarnation `lineage`.
+    pub fn latest_of(&self, lineage: &crate::changelog::Lineage) -> Option<&SnapshotInfo> {
+        self.snapshots
+            .iter()
+            .rev()
+            .find(|s| s.manifest.changelog.lineage == *lineage)
     }
     /// The newest valid snapshot whose offset is `<= offset`.
     pub fn at_or_before(&self, offset: u64) -> Option<&SnapshotInfo> {
@@ -227,13 +261,15 @@ impl<'a> Catalog<'a> {
         })
     }
 
-    /// The newest valid snapshot of `sk`.
+    /// The newest valid snapshot of `sk`'s live incarnation (see
+    /// [`Listing::latest`]).
     pub async fn latest(self, sk: &StoreKey) -> Result<Option<SnapshotInfo>> {
         Ok(self.list_snapshots(sk).await?.latest().cloned())
     }
 
-    /// Snapshot `id` of `sk`, or its newest valid one when `id` is `None`
-    /// (`not_found` when it has none).
+    /// Snapshot `id` of `sk`, or the newest valid one of its live
+    /// incarnation when `id` is `None` ([`Listing::latest`]; `not_found`
+    /// when it has none).
     pub async fn snapshot_or_latest(
         self,
         sk: &StoreKey,

@@ -237,9 +237,27 @@ impl<'a> Maintenance<'a> {
         let grace = ms(opts.grace);
         let budget = ms(self.repo.max_commit_duration);
         if grace <= 0 || budget.saturating_mul(2) > grace {
+            let human = |ms: i64| {
+                let s = ms.max(0) / 1000;
+                match (s / 3600, s % 3600 / 60, s % 60) {
+                    (0, 0, s) => format!("{s}s"),
+                    (0, m, 0) => format!("{m}m"),
+                    (0, m, s) => format!("{m}m{s}s"),
+                    (h, 0, 0) => format!("{h}h"),
+                    (h, m, _) => format!("{h}h{m}m"),
+                }
+            };
             return Err(Error::config(format!(
-                "gc grace period must be positive and at least twice the commit budget grace_ms={grace} \
-                 max_commit_ms={budget}"
+                "the gc grace period ({}) must be at least twice the longest a snapshot commit may \
+                 take ({}), so at least {}: a blob a commit in flight uploaded is never collected \
+                 under it; give a longer grace (CLI: --grace {}), or, if every writer of this \
+                 repository commits faster, lower the commit budget to what they use \
+                 (RepositoryOptions::max_commit_duration; CLI: --max-commit) grace_ms={grace} \
+                 max_commit_ms={budget}",
+                human(grace),
+                human(budget),
+                human(budget.saturating_mul(2)),
+                human(budget.saturating_mul(2)),
             )));
         }
         let mut pass = GcPass {

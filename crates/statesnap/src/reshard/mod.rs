@@ -395,28 +395,47 @@ async fn check_targets(
         return Ok(());
     }
     for t in targets {
-        let end = t.changelog.end_offset()?;
-        let newest = repo.catalog().latest(t.store_key).await?;
-        if holds_records(t.changelog, end)? || newest.is_some() {
-            let what = match &newest {
-                Some(s) => format!("snapshot=`{}`", s.id()),
-                None => "snapshot=none".to_owned(),
-            };
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                format!(
-                    "the reshard target is not empty store_key=`{}` changelog=`{}` \
-                     end_offset={end} {what}; use new targets, or resume an interrupted reshard \
-                     of the same sources (resume / --force: what is there is checked against \
-                     this reshard's output)",
-                    t.store_key,
-                    t.changelog.id()
-                ),
-            )
-            .with_reason(Reason::AlreadyExists));
-        }
+        check_new_target(repo, t.store_key, Some(t.changelog)).await?;
     }
     Ok(())
+}
+
+/// Refuses (`already exists`) a reshard target that is not new: its
+/// changelog holds (or once held) records other than a backend's own
+/// markers, or the repository holds snapshots of it. `changelog: None`: the
+/// log does not exist yet (a caller that checks before creating anything,
+/// as the CLI does, so that a refused reshard creates no target log).
+pub async fn check_new_target(
+    repo: &Repository,
+    store_key: &StoreKey,
+    changelog: Option<&dyn Changelog>,
+) -> Result<()> {
+    let newest = repo.catalog().latest(store_key).await?;
+    let (end, holds) = match changelog {
+        Some(log) => {
+            let end = log.end_offset()?;
+            (end, holds_records(log, end)?)
+        }
+        None => (0, false),
+    };
+    if !holds && newest.is_none() {
+        return Ok(());
+    }
+    let what = match &newest {
+        Some(s) => format!("snapshot=`{}`", s.id()),
+        None => "snapshot=none".to_owned(),
+    };
+    let log = changelog.map_or_else(|| "none".to_owned(), |l| l.id().to_string());
+    Err(Error::new(
+        ErrorKind::AlreadyExists,
+        format!(
+            "the reshard target is not empty store_key=`{store_key}` changelog=`{log}` \
+             end_offset={end} {what}; use new targets, or resume an interrupted reshard of the \
+             same sources (resume / --force: what is there is checked against this reshard's \
+             output)"
+        ),
+    )
+    .with_reason(Reason::AlreadyExists))
 }
 
 /// Whether `log` holds, or once held, any record. Marker records a backend
@@ -460,6 +479,12 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
         let restore_time = started.elapsed();
 
         let started = Instant::now();
+        // Nothing reaches a target log, store or the repository until the
+        // input can no longer be refused: a first pass over the merged
+        // sources finds a key held by two sources, a partitioner answer out
+        // of range and (resuming) any target whose records differ from this
+        // reshard's output, before any target appends anything.
+        blocking_here(|| self.check_input(&restored))?;
         let (source_reports, mut target_reports, mut stores) =
             blocking_here(|| self.write_targets(&restored))?;
         drop(restored);
@@ -587,18 +612,29 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
         Ok((sources, targets, stores))
     }
 
-    /// The placing half: merges the sources in key order, appends each
-    /// key to its target's changelog and sends it to the loader thread.
-    fn place(
+    /// The checking pass: everything [`Run::place`] would refuse for its
+    /// input, found without writing (the merge, the partitioner, and the
+    /// comparison of each target's existing records with this output).
+    fn check_input(&self, restored: &[(SF::Store, RestoreReport)]) -> Result<()> {
+        let mut writers = Vec::with_capacity(self.targets.len());
+        for t in self.targets {
+            writers.push(TargetWriter::new(t, None, self.options.resume)?);
+        }
+        self.merge(restored, &mut writers, |_, _| {})?;
+        for w in writers {
+            w.finish()?;
+        }
+        Ok(())
+    }
+
+    /// Merges the sources in key order and hands each entry to its
+    /// target's writer; returns the keys each source gave and left behind.
+    fn merge(
         &self,
         restored: &[(SF::Store, RestoreReport)],
-        channel: target::Channel,
-    ) -> Result<(Vec<SourceReport>, Vec<TargetReport>)> {
-        let mut writers = Vec::with_capacity(self.targets.len());
-        for (j, t) in self.targets.iter().enumerate() {
-            let sink = target::LoadSink::new(j, &channel);
-            writers.push(TargetWriter::new(t, sink, self.options.resume)?);
-        }
+        writers: &mut [TargetWriter<'_>],
+        mut placed: impl FnMut(&[TargetWriter<'_>], usize),
+    ) -> Result<Vec<(u64, u64)>> {
         let names: Vec<String> = self
             .sources
             .iter()
@@ -637,15 +673,35 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
                 )));
             };
             w.put(key, value)?;
+            placed(&*writers, j as usize);
+        }
+        drop(merge);
+        let left_behind = left_behind.iter().map(|c| c.load(Ordering::Relaxed));
+        Ok(per_source.into_iter().zip(left_behind).collect())
+    }
+
+    /// The placing half: merges the sources in key order, appends each
+    /// key to its target's changelog and sends it to the loader thread.
+    fn place(
+        &self,
+        restored: &[(SF::Store, RestoreReport)],
+        channel: target::Channel,
+    ) -> Result<(Vec<SourceReport>, Vec<TargetReport>)> {
+        let mut writers = Vec::with_capacity(self.targets.len());
+        for (j, t) in self.targets.iter().enumerate() {
+            let sink = target::LoadSink::new(j, &channel);
+            writers.push(TargetWriter::new(t, Some(sink), self.options.resume)?);
+        }
+        let counts = self.merge(restored, &mut writers, |writers, j| {
             if let Some(p) = &self.options.progress {
+                let w = &writers[j];
                 p.keys.fetch_add(1, Ordering::Relaxed);
                 p.bytes.fetch_add(w.last_bytes, Ordering::Relaxed);
                 if w.keys % 4096 == 0 {
-                    self.publish(&writers, p);
+                    self.publish(writers, p);
                 }
             }
-        }
-        drop(merge);
+        })?;
         let mut target_reports = Vec::with_capacity(writers.len());
         for w in writers {
             target_reports.push(w.finish()?);
@@ -659,8 +715,6 @@ impl<SF: StoreFormat, TF: StoreFormat> Run<'_, '_, SF, TF> {
             *g = target_reports.iter().map(|t| t.keys).collect();
         }
         let mut source_reports = Vec::with_capacity(self.sources.len());
-        let left_behind = left_behind.iter().map(|c| c.load(Ordering::Relaxed));
-        let counts = per_source.into_iter().zip(left_behind);
         for ((s, (store, r)), (keys, left_behind)) in self.sources.iter().zip(restored).zip(counts)
         {
             source_reports.push(SourceReport {

@@ -194,10 +194,12 @@ impl LoadSink {
 }
 
 /// Writes one target: appends its records to its changelog (or, resuming,
-/// checks them against what is already there) and loads its store.
+/// checks them against what is already there) and loads its store. Without
+/// a sink it only checks: it compares with what an earlier run left and
+/// counts, appending and loading nothing (the reshard's checking pass).
 pub(super) struct TargetWriter<'t> {
     target: &'t TargetPartition<'t>,
-    sink: LoadSink,
+    sink: Option<LoadSink>,
     /// Resuming: the records an earlier run appended, not yet compared.
     existing: Option<Box<dyn ChangelogReader + 't>>,
     existing_batch: std::collections::VecDeque<LoggedRecord>,
@@ -213,7 +215,7 @@ pub(super) struct TargetWriter<'t> {
 impl<'t> TargetWriter<'t> {
     pub(super) fn new(
         target: &'t TargetPartition<'t>,
-        sink: LoadSink,
+        sink: Option<LoadSink>,
         resume: bool,
     ) -> Result<Self> {
         let changelog = target.changelog;
@@ -266,9 +268,16 @@ impl<'t> TargetWriter<'t> {
             if found.key != key || found.value.as_ref() != Some(&value) {
                 return Err(self.not_ours(found.offset));
             }
-            self.sink.put(&key, &value, found.offset)?;
+            if let Some(sink) = &mut self.sink {
+                sink.put(&key, &value, found.offset)?;
+            }
             self.last_offset = Some(found.offset);
             self.resumed += 1;
+            return Ok(());
+        }
+        if self.sink.is_none() {
+            // Checking only: what would be appended is counted, not kept.
+            self.appended += 1;
             return Ok(());
         }
         self.pending.push(Record::put(key, value));
@@ -295,8 +304,8 @@ impl<'t> TargetWriter<'t> {
         self.appended += self.pending.len() as u64;
         self.last_offset = offsets.last().copied().or(self.last_offset);
         for (r, offset) in self.pending.drain(..).zip(offsets) {
-            if let Some(v) = &r.value {
-                self.sink.put(&r.key, v, offset)?;
+            if let (Some(v), Some(sink)) = (&r.value, &mut self.sink) {
+                sink.put(&r.key, v, offset)?;
             }
         }
         Ok(())
@@ -322,8 +331,10 @@ impl<'t> TargetWriter<'t> {
         if let Some(extra) = self.next_existing()? {
             return Err(self.not_ours(extra.offset));
         }
-        self.target.changelog.flush()?;
-        self.sink.flush()?;
+        if let Some(sink) = &mut self.sink {
+            self.target.changelog.flush()?;
+            sink.flush()?;
+        }
         Ok(TargetReport {
             store_key: self.target.store_key.clone(),
             changelog: self.target.changelog.id().clone(),

@@ -99,6 +99,13 @@ pub struct RestoreOptions {
     /// Live counters for a progress bar, advanced as the restore goes
     /// (read them from another task; see [`RestoreProgress`]).
     pub progress: Option<std::sync::Arc<RestoreProgress>>,
+    /// The gate [`restore_into`] enters just before it moves the restored
+    /// store over its target (see [`crate::commit`]): a cancel that came
+    /// first stops the restore with the target as it was; one that comes
+    /// after cannot stop it. `None`: no one cancels through a gate
+    /// (dropping the future before the rename still leaves the target as it
+    /// was). [`restore_store`] ignores it (it commits nothing at its end).
+    pub commit_gate: Option<std::sync::Arc<crate::commit::CommitGate>>,
 }
 
 /// Counters a restore advances as it goes, for progress bars: pass one in
@@ -293,6 +300,10 @@ pub async fn restore_into<F: StoreFormat, C: Changelog + ?Sized>(
     // The target may have changed while the store was built (a link put in
     // its place, files put in a directory that was empty).
     check_target()?;
+    // The commit point: from here a cancel no longer stops the restore.
+    if let Some(gate) = &options.commit_gate {
+        gate.enter()?;
+    }
     staging::swap_into_place(&stage, target, |_| Ok(()))?;
     guard.disarm();
     Ok(report)
@@ -429,9 +440,15 @@ pub async fn open_snapshot<F: StoreFormat>(
 /// A scratch directory this library created (it refuses one that exists:
 /// what the caller had there is never removed). [`ScratchDir::remove`]
 /// removes it and reports a failure; dropped otherwise (an early return, a
-/// cancelled future), it is removed and a failure only logged.
+/// cancelled future), it is removed once every blocking step still working
+/// inside it has ended (its guard is held by them: a source restore still
+/// running on the blocking pool when a reshard is dropped would otherwise
+/// write into it again after it was removed), a failure only logged.
 #[derive(Debug)]
-pub(crate) struct ScratchDir(Option<std::path::PathBuf>);
+pub(crate) struct ScratchDir {
+    path: std::path::PathBuf,
+    guard: Option<crate::format::staging::PathGuard>,
+}
 
 impl ScratchDir {
     /// Creates `path`, which must not exist (`config`, reason
@@ -450,30 +467,24 @@ impl ScratchDir {
                 e,
             )
         })?;
-        Ok(ScratchDir(Some(path.to_owned())))
+        Ok(ScratchDir {
+            path: path.to_owned(),
+            guard: Some(crate::format::staging::PathGuard::new(path.to_owned())),
+        })
     }
 
     /// Its path.
     pub(crate) fn path(&self) -> &Path {
-        self.0.as_deref().unwrap_or(Path::new(""))
+        &self.path
     }
 
-    /// Removes it, reporting a failure.
+    /// Removes it, reporting a failure. Every step that worked in it has
+    /// ended (they were awaited).
     pub(crate) fn remove(mut self) -> Result<()> {
-        match self.0.take() {
-            Some(p) => remove_scratch(&p),
-            None => Ok(()),
+        if let Some(g) = self.guard.take() {
+            g.disarm();
         }
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take()
-            && let Err(e) = remove_scratch(&p)
-        {
-            tracing::warn!(error = %e, "cannot remove a scratch directory");
-        }
+        remove_scratch(&self.path)
     }
 }
 

@@ -306,9 +306,10 @@ pub(crate) fn check_usable<F: StoreFormat, C: Changelog + ?Sized>(
     let lineage = facts.lineage();
     if &m.changelog.lineage != lineage {
         return Err(Error::stale(format!(
-            "snapshot belongs to an earlier incarnation of the changelog snapshot=`{}` \
-             snapshot_lineage=`{}` changelog_lineage=`{lineage}`",
-            m.snapshot_id, m.changelog.lineage
+            "snapshot belongs to another incarnation of the changelog (lineage {}; the log \
+             has {lineage}: it was recreated, or this is another log of the same name) \
+             snapshot=`{}` snapshot_lineage=`{}` changelog_lineage=`{lineage}`",
+            m.changelog.lineage, m.snapshot_id, m.changelog.lineage
         ))
         .with_reason(crate::Reason::LineageChanged));
     }

@@ -178,7 +178,12 @@ where
         owner,
         read_only,
     } = parts;
-    let logged = LoggedStore::new(store, changelog.clone())?;
+    let mut logged = LoggedStore::new(store, changelog.clone())?;
+    if read_only.is_none() {
+        // The new owner fences every older writer that shares this
+        // changelog handle (an old owner whose standby was promoted here).
+        logged.claim_writer()?;
+    }
     let applied = logged.store().applied_offset()?;
     note_applied(&shared, &report, applied);
     record_open(started, &shared, &report);

@@ -32,6 +32,10 @@ pub struct LoggedStore<S, C> {
     /// Set when the changelog handed out offsets the store had already
     /// applied: the log lost records the store holds. Permanent.
     broken: Option<String>,
+    /// This store's writer claim on its changelog handle, once
+    /// [`LoggedStore::claim_writer`] took one: its appends are refused
+    /// once a newer owner claims the handle.
+    claim: Option<crate::changelog::WriterClaim>,
 }
 
 /// What a [`LoggedStore::commit`] wrote.
@@ -76,7 +80,21 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             behind: false,
             unsure: false,
             broken: None,
+            claim: None,
         })
+    }
+
+    /// Makes this store the owner of its changelog handle: a writer claim
+    /// ([`Changelog::begin_writer`]) that fences every older one, so that a
+    /// store the handle was shared with before (the old owner of a
+    /// partition whose standby was promoted) can no longer commit. From
+    /// now on this store's commits are refused (`stale`, reason `fenced`)
+    /// once a newer owner claims the handle. The runtime claims for every
+    /// writable handle it opens or promotes. A backend that hands out no
+    /// claims leaves this a no-op.
+    pub fn claim_writer(&mut self) -> Result<()> {
+        self.claim = self.changelog.begin_writer()?;
+        Ok(())
     }
 
     /// Replays whatever the changelog holds beyond the store's applied offset.
@@ -184,7 +202,11 @@ impl<S: StateStore, C: Changelog> LoggedStore<S, C> {
             .applied_offset()?
             .map_or(0, |o| o.saturating_add(1));
         // Invariant 1: the changelog first.
-        let offsets = match self.changelog.append(&records) {
+        let appended = match self.claim {
+            Some(claim) => self.changelog.append_as(claim, &records),
+            None => self.changelog.append(&records),
+        };
+        let offsets = match appended {
             Ok(o) => o,
             Err(e) => {
                 self.unsure = true;

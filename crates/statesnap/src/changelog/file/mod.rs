@@ -185,6 +185,8 @@ pub struct FileChangelog {
     recovery: Option<RecoveryReport>,
     /// Holds the directory lock while open (`None`: opened read-only).
     _lock: Option<File>,
+    /// Writer claims on this handle ([`Changelog::begin_writer`]).
+    claims: crate::changelog::WriterClaims,
 }
 
 #[derive(Debug)]
@@ -292,6 +294,28 @@ impl Changelog for FileChangelog {
             return Ok(Vec::new());
         }
         let mut w = lock(&self.writer)?;
+        self.append_locked(&mut w, batch)
+    }
+
+    fn begin_writer(&self) -> Result<Option<crate::changelog::WriterClaim>> {
+        self.check_writable("claim")?;
+        // Under the writer lock: an append of an older claim either
+        // finished before this claim or sees it and is refused.
+        let _w = lock(&self.writer)?;
+        Ok(Some(self.claims.begin()))
+    }
+
+    fn append_as(
+        &self,
+        claim: crate::changelog::WriterClaim,
+        batch: &[Record],
+    ) -> Result<Vec<u64>> {
+        self.check_writable("append to")?;
+        let mut w = lock(&self.writer)?;
+        self.claims.check(claim, &self.id)?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
         self.append_locked(&mut w, batch)
     }
 

@@ -207,6 +207,7 @@ impl FileChangelog {
             meta: Mutex::new(meta),
             recovery,
             _lock: lock_file,
+            claims: Default::default(),
         })
     }
 }

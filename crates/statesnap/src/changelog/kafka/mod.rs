@@ -114,6 +114,9 @@ pub struct KafkaChangelog {
     configs_known: bool,
     /// This handle's writer claim (fencing); held for a whole append.
     writer: Mutex<WriterClaim>,
+    /// Claims of the owners that share this handle in this process
+    /// ([`Changelog::begin_writer`]).
+    claims: crate::changelog::WriterClaims,
 }
 
 impl fmt::Debug for KafkaChangelog {
@@ -228,6 +231,7 @@ impl KafkaChangelog {
                 checked_to: 0,
                 fenced: None,
             }),
+            claims: Default::default(),
         };
         Ok(log)
     }
@@ -365,6 +369,19 @@ impl KafkaChangelog {
 impl Changelog for KafkaChangelog {
     fn id(&self) -> &ChangelogId {
         &self.id
+    }
+
+    fn begin_writer(&self) -> Result<Option<crate::changelog::WriterClaim>> {
+        Ok(Some(self.claims.begin()))
+    }
+
+    fn append_as(
+        &self,
+        claim: crate::changelog::WriterClaim,
+        batch: &[Record],
+    ) -> Result<Vec<u64>> {
+        self.claims.check(claim, &self.id)?;
+        self.append(batch)
     }
 
     fn append(&self, batch: &[Record]) -> Result<Vec<u64>> {
