@@ -170,8 +170,10 @@ pub struct VerifyArgs {
     /// scratch directory and compare its logical digest.
     #[arg(long)]
     pub deep: bool,
-    /// With --deep and a STORE: this snapshot instead of the newest.
-    #[arg(long, value_name = "ID", requires = "store")]
+    /// With --deep and a STORE: this snapshot instead of the newest (a
+    /// plain verify checks every blob of every snapshot, so without --deep
+    /// it is refused rather than ignored).
+    #[arg(long, value_name = "ID", requires_all = ["store", "deep"])]
     pub snapshot: Option<String>,
     /// Move bad blobs to the store's quarantine (the next snapshot uploads
     /// them again).
@@ -235,7 +237,8 @@ pub struct RetainArgs {
     /// Report what would go; change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Blobs younger than this are never condemned (default 1h).
+    /// Blobs younger than this are never condemned (default 1h; at least
+    /// twice --max-commit, 20m with its default).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
     pub grace: Duration,
 }
@@ -251,7 +254,8 @@ pub struct GcArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// Blobs younger than this are never condemned, and condemned blobs
-    /// are deleted no earlier than this after (default 1h).
+    /// are deleted no earlier than this after (default 1h; at least twice
+    /// --max-commit, 20m with its default).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
     pub grace: Duration,
 }

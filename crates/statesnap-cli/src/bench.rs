@@ -617,7 +617,7 @@ pub async fn run(a: &BenchArgs, out: Out) -> Result<ExitCode> {
     })?;
     let dir = scratch.path();
     if !out.json {
-        println!(
+        crate::outln!(
             "statesnap bench{}: scratch in {}, results to {}",
             if a.quick { " --quick" } else { "" },
             dir.display(),
@@ -769,9 +769,9 @@ fn report(a: &BenchArgs, out_dir: &Path, m: &Measured, out: Out) -> Result<()> {
         for r in &rows {
             t.add_row(r.to_vec());
         }
-        println!("{t}");
-        println!("machine: {}", machine_line(&machine));
-        println!(
+        crate::outln!("{t}");
+        crate::outln!("machine: {}", machine_line(&machine));
+        crate::outln!(
             "wrote {}, {} and {}",
             out_dir.join("bench.md").display(),
             out_dir.join("bench.json").display(),

@@ -358,7 +358,7 @@ fn print_text(
     out: Out,
 ) {
     let equal = snap.digest == replay.digest && snap.digest == *model_digest;
-    println!(
+    crate::outln!(
         "ran {} events ({} changelog records, {} live keys) in {} with {} background snapshots",
         written.events,
         written.records,
@@ -366,7 +366,7 @@ fn print_text(
         out::secs(written.took),
         written.snapshots
     );
-    println!("crash: the store directory is gone; rebuilding it two ways");
+    crate::outln!("crash: the store directory is gone; rebuilding it two ways");
     let mut t = out.table(&[
         "rebuilt from",
         "time",
@@ -386,13 +386,13 @@ fn print_text(
             short_digest(&run.digest),
         ]);
     }
-    println!("{t}");
-    println!("the snapshot restore used {}", snap.report.source);
-    println!("speed-up: snapshot + tail was {speedup:.1}x faster than full replay");
+    crate::outln!("{t}");
+    crate::outln!("the snapshot restore used {}", snap.report.source);
+    crate::outln!("speed-up: snapshot + tail was {speedup:.1}x faster than full replay");
     if equal {
-        println!("digests equal: both rebuilt stores equal the workload's model, key for key");
+        crate::outln!("digests equal: both rebuilt stores equal the workload's model, key for key");
     } else {
-        println!("DIGESTS DIFFER (model {model_digest}): this is a bug, please report it");
+        crate::outln!("DIGESTS DIFFER (model {model_digest}): this is a bug, please report it");
     }
 }
 
@@ -462,8 +462,11 @@ pub async fn run(a: &DemoArgs, out: Out) -> Result<ExitCode> {
         ));
     }
     let dir = demo_dir(a)?;
+    if !a.keep {
+        crate::signal::remove_on_cancel(dir.clone());
+    }
     if !out.json {
-        println!(
+        crate::outln!(
             "statesnap demo: {} users x {} events each (Zipf-skewed), {:?} store, in {}{}",
             a.keys,
             a.updates_per_key,
@@ -559,15 +562,15 @@ impl NextSteps {
     }
 
     fn print(&self) {
-        println!();
-        println!("kept in {}:", self.dir.display());
-        println!("  repository  {}", self.repository);
-        println!("  changelog   {}", self.changelog);
-        println!("  store       {}", self.store);
-        println!("try next:");
+        crate::outln!();
+        crate::outln!("kept in {}:", self.dir.display());
+        crate::outln!("  repository  {}", self.repository);
+        crate::outln!("  changelog   {}", self.changelog);
+        crate::outln!("  store       {}", self.store);
+        crate::outln!("try next:");
         for c in &self.commands {
             let words: Vec<String> = c.iter().map(|w| shell_word(w)).collect();
-            println!("  statesnap {}", words.join(" "));
+            crate::outln!("  statesnap {}", words.join(" "));
         }
     }
 }

@@ -8,6 +8,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod out;
+mod signal;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -67,40 +68,84 @@ fn main() -> ExitCode {
             return ExitCode::from(out::exit_code(ErrorKind::Io));
         }
     };
-    // Ctrl-C cancels the command's task: restores and snapshot writes
-    // stage their work in hidden paths whose guards remove them when the
-    // task is dropped, and a restore moves nothing into place after a
+    // A signal (SIGINT or SIGTERM) asks the command's gate to cancel
+    // (see signal.rs). When the cancel wins, the command's task is dropped:
+    // restores and snapshot writes stage their work in hidden paths whose
+    // guards remove them, and a restore moves nothing into place after a
     // cancellation. Dropping the runtime then waits for steps still running
-    // on its threads to finish and clean up after themselves.
+    // on its threads to finish and clean up after themselves. When the
+    // command has already entered its commit step, it runs to its end and
+    // its own outcome is reported.
     let cli = std::sync::Arc::new(cli);
-    let task = {
-        let cli = cli.clone();
-        rt.spawn(async move { dispatch(&cli).await })
-    };
-    let abort = task.abort_handle();
-    let result = rt.block_on(async {
-        tokio::select! {
-            r = task => r.unwrap_or_else(|e| Err(Error::new(
+    let gate = signal::gate();
+    let joined = |r: std::result::Result<Result<ExitCode>, tokio::task::JoinError>| {
+        r.unwrap_or_else(|e| {
+            Err(Error::new(
                 ErrorKind::Internal,
                 "the command panicked; please report it",
-            ).with_source(e))),
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("statesnap: interrupted; cancelling and cleaning up");
-                abort.abort();
-                Err(Error::new(
-                    ErrorKind::Cancelled,
-                    "interrupted (Ctrl-C): the command was cancelled; nothing partial was left \
-                     behind",
-                ))
+            )
+            .with_source(e))
+        })
+    };
+    let mut cancelled = false;
+    let result = rt.block_on(async {
+        // The handlers first, then the command: a signal is never met by
+        // its default action (ending the process mid-step).
+        let mut signals = match signal::Signals::install() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("statesnap: cannot handle signals ({e}); a signal ends the process");
+                None
+            }
+        };
+        let mut task = {
+            let cli = cli.clone();
+            tokio::spawn(async move { dispatch(&cli).await })
+        };
+        let mut late = false;
+        loop {
+            tokio::select! {
+                r = &mut task => return joined(r),
+                Some(s) = async { signals.as_mut()?.next().await }, if !late => {
+                    if gate.cancel() {
+                        eprintln!("statesnap: {}; cancelling and cleaning up", s.describe());
+                        task.abort();
+                        cancelled = true;
+                        return Err(Error::new(
+                            ErrorKind::Cancelled,
+                            format!(
+                                "{}: the command was cancelled; {}",
+                                s.describe(),
+                                signal::what_a_cancel_leaves(&cli.command)
+                            ),
+                        ));
+                    }
+                    // Too late to cancel: the command has committed. Its
+                    // report is the truth; the handlers stay installed, so
+                    // further signals change nothing.
+                    eprintln!(
+                        "statesnap: {} after the command committed its result; finishing",
+                        s.describe()
+                    );
+                    late = true;
+                }
             }
         }
     });
     drop(rt);
+    if cancelled {
+        for (p, e) in signal::clean_up_after_cancel() {
+            eprintln!(
+                "statesnap: could not remove path=`{}` after the cancel: {e}; remove it by hand",
+                p.display()
+            );
+        }
+    }
     match result {
         Ok(code) => code,
         Err(e) => {
             if cli.json {
-                println!(
+                crate::outln!(
                     "{}",
                     serde_json::json!({
                         "error": {

@@ -2,14 +2,55 @@
 //! terminal, progress bars that appear only on a terminal, and the exit
 //! code of each error kind.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use statesnap::ErrorKind;
+
+/// Set once stdout is gone (its reader exited: `statesnap list | head`):
+/// later output is dropped and the command goes on to its end, quietly.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// One line on stdout, for [`outln!`](crate::outln). A reader that went
+/// away (a broken pipe) is not an error of the command: the rest of its
+/// output is dropped, and the command finishes what it was doing (a
+/// restore piped into `head` still restores) and exits as it would have.
+/// Any other write error is said once on stderr.
+pub fn write_line(args: std::fmt::Arguments<'_>) {
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout
+        .write_fmt(args)
+        .and_then(|()| stdout.write_all(b"\n"))
+        .and_then(|()| stdout.flush());
+    if let Err(e) = written {
+        STDOUT_CLOSED.store(true, Ordering::Relaxed);
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("statesnap: cannot write to stdout ({e}); the rest of the output is dropped");
+        }
+    }
+}
+
+/// `crate::outln!` that survives a closed stdout (see [`write_line`]).
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::out::write_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::out::write_line(format_args!($($arg)*))
+    };
+}
+
+/// How often a command that draws no bar prints a progress line.
+pub const PROGRESS_LINE_EVERY: Duration = Duration::from_secs(5);
 
 /// How a command prints.
 #[derive(Debug, Clone, Copy)]
@@ -31,7 +72,7 @@ impl Out {
     /// Prints `value` as pretty JSON.
     pub fn json(&self, value: &serde_json::Value) {
         // serde_json cannot fail to print a Value.
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
         );
@@ -53,12 +94,34 @@ impl Out {
         pb
     }
 
-    /// A spinner with message `what` (same visibility as [`Out::progress`]).
+    /// A spinner with message `what` and the time it has run (same
+    /// visibility as [`Out::progress`]), redrawn ten times a second.
     pub fn spinner(&self, what: &str) -> ProgressBar {
         let pb = ProgressBar::with_draw_target(None, self.draw_target());
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+            pb.set_style(style);
+        }
         pb.set_message(what.to_owned());
-        pb.enable_steady_tick(Duration::from_millis(120));
+        pb.enable_steady_tick(Duration::from_millis(100));
         pb
+    }
+
+    /// Whether progress is drawn (stderr is a terminal and the output is
+    /// not JSON). Otherwise long commands print [`Out::progress_line`]s.
+    pub fn draws_progress(&self) -> bool {
+        !self.json && std::io::stderr().is_terminal()
+    }
+
+    /// Where no bar is drawn: one line of progress on stderr, for a
+    /// command that runs longer than a few seconds (a log, a CI job, a
+    /// pipe), at most every [`PROGRESS_LINE_EVERY`]. `last` is when the
+    /// previous line was printed (start it at the command's start).
+    pub fn progress_line(&self, last: &mut std::time::Instant, line: impl FnOnce() -> String) {
+        if self.draws_progress() || last.elapsed() < PROGRESS_LINE_EVERY {
+            return;
+        }
+        *last = std::time::Instant::now();
+        eprintln!("statesnap: {}", line());
     }
 
     /// Follows a restore's counters on a bar until the future is dropped:
@@ -74,7 +137,12 @@ impl Out {
             pb.set_style(s);
         }
         let mut replaying = false;
+        let mut last_line = std::time::Instant::now();
         loop {
+            self.progress_line(&mut last_line, || match progress.replay() {
+                Some((done, total)) => format!("{what}: replayed {done} of {total} records"),
+                None => format!("{what}: {} downloaded", bytes(progress.bytes_downloaded())),
+            });
             match progress.replay() {
                 Some((done, total)) => {
                     if !replaying {

@@ -1061,7 +1061,7 @@ fn bench_quick_writes_markdown_json_and_a_chart() {
     let scratch = dir.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
     let out = statesnap()
-        .timeout(Duration::from_secs(600))
+        .timeout(Duration::from_secs(1800))
         .args(["bench", "--quick", "--json"])
         .args(["--out", out_dir.to_str().unwrap()])
         .args(["--scratch", scratch.to_str().unwrap()])
@@ -1739,4 +1739,224 @@ fn restore_refuses_a_point_past_the_end_and_a_directory_in_use() {
         assert!(closed.took_snapshot);
         m.shutdown().await;
     });
+}
+
+/// Defect: `statesnap list … | head -2` panicked ("failed printing to
+/// stdout: Broken pipe", an internal error, exit 1). A reader that goes
+/// away is not the command's failure: it exits as it would have, quietly,
+/// for text and JSON output alike, and a restore whose stdout is gone
+/// still restores.
+#[test]
+fn a_closed_stdout_is_not_an_error() {
+    let f = fixture();
+    let bin = assert_cmd::cargo::cargo_bin("statesnap");
+    let target = f.path("piped-restore");
+    let runs: [Vec<String>; 4] = [
+        vec![
+            "list".into(),
+            STORE.into(),
+            "--repo".into(),
+            f.repo_url.clone(),
+        ],
+        vec![
+            "--json".into(),
+            "list".into(),
+            STORE.into(),
+            "--repo".into(),
+            f.repo_url.clone(),
+        ],
+        vec![
+            "scan".into(),
+            STORE.into(),
+            "--repo".into(),
+            f.repo_url.clone(),
+        ],
+        vec![
+            "restore".into(),
+            STORE.into(),
+            "--repo".into(),
+            f.repo_url.clone(),
+            "--changelog".into(),
+            f.log_url.clone(),
+            "--to".into(),
+            target.display().to_string(),
+        ],
+    ];
+    for args in runs {
+        // A pipe whose read end is closed before the command writes.
+        let mut child = std::process::Command::new(&bin)
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        for bad in ["panicked", "internal", "Broken pipe", "report it"] {
+            assert!(!stderr.contains(bad), "{args:?}: {stderr}");
+        }
+    }
+    let store = statesnap::RocksStore::open(&target, &Default::default()).unwrap();
+    assert_eq!(
+        store.get(b"cart-0001").unwrap().as_deref(),
+        Some(&b"items-1-round-2"[..])
+    );
+}
+
+/// Defect: on a terminal, `restore --full-replay` showed `replaying
+/// 0/N (eta 0s)` for the whole replay and then jumped to done (the bar
+/// was polled on the thread the replay blocked), and every spinner drew an
+/// empty `0/0` bar without its message. Under a pseudo-terminal (`script`),
+/// the bar shows positions strictly between 0 and the total while it runs.
+#[test]
+fn progress_moves_on_a_terminal_during_a_long_replay() {
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("this test needs `script` (util-linux) to give the command a terminal");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = 1_500_000u32;
+    let repo_url = long_history(root, records, None);
+    let target = root.join("restored");
+    let bin = assert_cmd::cargo::cargo_bin("statesnap");
+    let command = format!(
+        "{} restore {STORE} --repo {repo_url} --changelog file://{} --to {} --full-replay",
+        bin.display(),
+        root.join("log").display(),
+        target.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("COLUMNS", "160")
+        .output()
+        .unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{screen}");
+    let total = format!("/{records} records");
+    let positions: Vec<u64> = screen
+        .match_indices(&total)
+        .filter_map(|(at, _)| {
+            let digits: String = screen[..at]
+                .chars()
+                .rev()
+                .take_while(char::is_ascii_digit)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            digits.parse().ok()
+        })
+        .collect();
+    assert!(
+        positions.iter().any(|&p| p > 0 && p < u64::from(records)),
+        "no position between 0 and {records} was drawn: {positions:?}\n{screen}"
+    );
+    assert!(screen.contains("replaying"), "{screen}");
+}
+
+/// Writes `rounds` commits of the same 50 keys (`user-NN` = the round) on
+/// a new changelog at `log_dir` and snapshots the store at the end.
+async fn incarnation(repo_url: &str, root: &Path, log_dir: &str, rounds: u32) {
+    let m = match statesnap::Repository::open(repo_url, Default::default()).await {
+        Ok(repo) => StateManager::builder(repo)
+            .policy(SnapshotPolicy::manual())
+            .build()
+            .expect("manager"),
+        Err(_) => manual_manager(repo_url).await,
+    };
+    let id = StoreKey::new("shop", "carts", 0).expect("key");
+    let log = FileChangelog::open(root.join(log_dir), id.changelog_id(), Default::default())
+        .expect("log");
+    let spec = StoreSpec::rocksdb(id, log, root.join(format!("store-{log_dir}")));
+    let mut h = m.open(spec).await.expect("open");
+    for round in 0..rounds {
+        for k in 0..50u32 {
+            h.put(format!("user-{k:02}"), round.to_string());
+        }
+        h.commit().expect("commit");
+    }
+    assert!(h.snapshot_now().expect("snapshot"));
+    let st = h.wait_for_snapshot().await;
+    assert_eq!(st.snapshots_failed, 0, "{:?}", st.last_error);
+    h.abandon().await;
+    m.shutdown().await;
+}
+
+/// Defect: after the changelog was recreated, "latest" was the dead
+/// incarnation's snapshot (the highest offset wins), and `get` printed its
+/// data, while `retain` would delete that very snapshot as not live.
+/// "latest" is the newest snapshot of the live incarnation everywhere
+/// (`show`, `get`, `scan`), with a note that the store spans two.
+#[test]
+fn latest_is_the_newest_snapshot_of_the_live_changelog() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let repo_url = format!("file://{}", root.join("repo").display());
+    let rt = rt();
+    // The old incarnation: many records, a snapshot at a high offset.
+    rt.block_on(incarnation(&repo_url, root, "log-old", 30));
+    // The changelog recreated (a new lineage): few records, a snapshot at
+    // a lower offset, created later.
+    rt.block_on(incarnation(&repo_url, root, "log-new", 2));
+    let list = run_json_args(&["list", STORE, "--repo", &repo_url], 0);
+    let snaps = list["snapshots"].as_array().unwrap();
+    assert_eq!(snaps.len(), 2);
+    let (old, new) = if snaps[0]["offset"].as_u64() > snaps[1]["offset"].as_u64() {
+        (&snaps[0], &snaps[1])
+    } else {
+        (&snaps[1], &snaps[0])
+    };
+    assert!(old["offset"].as_u64() > new["offset"].as_u64());
+
+    let latest = run_json_args(&["show", STORE, "latest", "--repo", &repo_url], 0);
+    assert_eq!(latest["snapshot_id"], new["id"], "{latest}");
+    let got = run_json_args(&["get", STORE, "user-07", "--repo", &repo_url], 0);
+    assert_eq!(got["value"]["utf8"], "1", "the live incarnation's value");
+    let old_id = old["id"].as_str().unwrap();
+    let got = run_json_args(
+        &[
+            "get",
+            STORE,
+            "user-07",
+            "--snapshot",
+            old_id,
+            "--repo",
+            &repo_url,
+        ],
+        0,
+    );
+    assert_eq!(got["value"]["utf8"], "29", "an id still reads the old one");
+    // The note on stderr says which incarnation `latest` took.
+    statesnap()
+        .args(["show", STORE, "latest", "--repo", &repo_url])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("span 2 changelog incarnations"));
+    // Retention agrees: the old incarnation's snapshot is the one it drops.
+    let retain = run_json_args(
+        &[
+            "retain",
+            STORE,
+            "--keep-last",
+            "1",
+            "--dry-run",
+            "--repo",
+            &repo_url,
+        ],
+        0,
+    );
+    let deleted: Vec<&str> = retain["stores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["manifests_deleted"].as_array().unwrap())
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(deleted, vec![old_id], "{retain}");
 }

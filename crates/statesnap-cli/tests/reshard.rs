@@ -205,3 +205,55 @@ fn reshard_refuses_bad_input_with_its_exit_code() {
         "nothing written"
     );
 }
+
+/// Defect: a reshard refused because one target was not new had already
+/// created the other targets' changelogs. The refusal (exit 9) now comes
+/// before any target log is created, and the dry run says the real run
+/// would be refused instead of planning as if all were well.
+#[test]
+fn a_reshard_refused_for_a_used_target_creates_no_other_target() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (repo, _) = rt.block_on(sources(root));
+    let template = format!("file://{}/logs/{{topic}}-{{partition}}", root.display());
+    // Target partition 2 of 4 already holds a record.
+    let used = StoreKey::new("shop2", "carts", 2).expect("key");
+    let log = FileChangelog::open(
+        root.join("logs/shop2-carts-changelog-2"),
+        used.changelog_id(),
+        Default::default(),
+    )
+    .expect("log");
+    statesnap::Changelog::append(&log, &[statesnap::Record::put("k", "v")]).expect("append");
+    drop(log);
+    let logs_before: Vec<_> = std::fs::read_dir(root.join("logs"))
+        .expect("logs")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+
+    let plan = reshard(&repo, &template, &["--partitions", "4", "--dry-run"], 0);
+    assert_eq!(plan["would_be_refused"], true, "{plan}");
+    assert_eq!(plan["targets_not_new"].as_array().map(Vec::len), Some(1));
+
+    let e = reshard(&repo, &template, &["--partitions", "4"], 9);
+    assert_eq!(e["error"]["kind"], "already-exists", "{e}");
+    let mut logs_after: Vec<_> = std::fs::read_dir(root.join("logs"))
+        .expect("logs")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    let mut before = logs_before.clone();
+    before.sort();
+    logs_after.sort();
+    assert_eq!(logs_after, before, "no target changelog was created");
+    for p in [0, 1, 3] {
+        let k = StoreKey::new("shop2", "carts", p).expect("key");
+        let listing = rt
+            .block_on(async {
+                let r = statesnap::Repository::open(&repo, Default::default()).await?;
+                r.catalog().list_snapshots(&k).await
+            })
+            .expect("list");
+        assert!(listing.snapshots.is_empty(), "no snapshot of {k}");
+    }
+}

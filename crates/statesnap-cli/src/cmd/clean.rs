@@ -64,11 +64,11 @@ fn print(reports: &[GcReport], dry_run: bool, grace: Duration, out: Out) {
             out::bytes(r.bytes_deleted),
         ]);
     }
-    println!("{t}");
+    crate::outln!("{t}");
     for r in reports {
         for (id, why) in &r.manifests_deleted {
             let sk = r.store_key.as_ref().map_or("-".into(), ToString::to_string);
-            println!("{verb} drop {sk} snapshot {id}: {why}");
+            crate::outln!("{verb} drop {sk} snapshot {id}: {why}");
         }
     }
     // Unreferenced blobs the grace period protects: say so, or a run that
@@ -76,7 +76,7 @@ fn print(reports: &[GcReport], dry_run: bool, grace: Duration, out: Out) {
     let young: usize = reports.iter().map(|r| r.blobs_too_young).sum();
     if young > 0 {
         let young_bytes: u64 = reports.iter().map(|r| r.bytes_too_young).sum();
-        println!(
+        crate::outln!(
             "{young} unreferenced blobs ({}) are younger than the grace period ({}) and were not \
              condemned; a run after they are older condemns them (or pass a shorter --grace)",
             out::bytes(young_bytes),
@@ -85,7 +85,7 @@ fn print(reports: &[GcReport], dry_run: bool, grace: Duration, out: Out) {
     }
     let condemned: u64 = reports.iter().map(|r| r.bytes_condemned).sum();
     let freed: u64 = reports.iter().map(|r| r.bytes_deleted).sum();
-    println!(
+    crate::outln!(
         "{} freed now; {} condemned, deleted by a gc run {} from now or later{}",
         out::bytes(freed),
         out::bytes(condemned),

@@ -21,7 +21,7 @@ pub async fn init(a: &RepoArgs, out: Out) -> Result<ExitCode> {
             "format_version": marker.format_version,
         }));
     } else {
-        println!(
+        crate::outln!(
             "initialized repository {} (id {}, format version {})",
             repo.url(),
             marker.repository_id,
@@ -52,7 +52,7 @@ pub async fn stores(a: &RepoArgs, out: Out) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if all.is_empty() {
-        println!("no stores in {}", repo.url());
+        crate::outln!("no stores in {}", repo.url());
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = out.table(&[
@@ -77,7 +77,7 @@ pub async fn stores(a: &RepoArgs, out: Out) -> Result<ExitCode> {
             out::bytes(s.unique_bytes),
         ]);
     }
-    println!("{t}");
+    crate::outln!("{t}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -199,19 +199,19 @@ fn list_text(listing: &Listing, verdicts: Option<&Verdicts>, now: i64, out: Out)
             usable,
         ]);
     }
-    println!("{t}");
+    crate::outln!("{t}");
     for u in &listing.unreadable {
-        println!("unreadable manifest {} ({}): {}", u.key, u.kind, u.reason);
+        crate::outln!("unreadable manifest {} ({}): {}", u.key, u.kind, u.reason);
     }
     if listing
         .snapshots
         .iter()
         .any(|s| s.manifest.exact_keys().is_none())
     {
-        println!("(~N keys: the store's estimate, recorded by a writer that did not count)");
+        crate::outln!("(~N keys: the store's estimate, recorded by a writer that did not count)");
     }
     if verdicts.is_none() {
-        println!("(usable? needs the changelog: add --changelog URL)");
+        crate::outln!("(usable? needs the changelog: add --changelog URL)");
     }
 }
 
@@ -228,9 +228,9 @@ pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let now = repo.clock().now_ms();
-    println!("snapshot   {}", m.snapshot_id);
-    println!("store      {}", m.store_key);
-    println!(
+    crate::outln!("snapshot   {}", m.snapshot_id);
+    crate::outln!("store      {}", m.store_key);
+    crate::outln!(
         "changelog  {} partition {} offset {} (lineage {}{})",
         m.changelog.topic,
         m.changelog.partition,
@@ -240,18 +240,19 @@ pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {
             .epoch
             .map_or(String::new(), |e| format!(", epoch {e}"))
     );
-    println!(
+    crate::outln!(
         "format     {} version {}",
-        m.store_format.name, m.store_format.version
+        m.store_format.name,
+        m.store_format.version
     );
-    println!("created    {} ago", out::age(m.created_at, now));
-    println!(
+    crate::outln!("created    {} ago", out::age(m.created_at, now));
+    crate::outln!(
         "parent     {}",
         m.parent.map_or("-".into(), |p| p.to_string())
     );
     if !m.depends_on.is_empty() {
         let deps: Vec<String> = m.depends_on.iter().map(ToString::to_string).collect();
-        println!("depends on {}", deps.join(", "));
+        crate::outln!("depends on {}", deps.join(", "));
     }
     // Each figure says what it is: counted at snapshot time, or the
     // store's estimate (a RocksDB snapshot that recorded no digest).
@@ -266,9 +267,9 @@ pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {
             out::bytes(m.stats.logical_bytes)
         ),
     };
-    println!("contents   {keys}, {logical}");
+    crate::outln!("contents   {keys}, {logical}");
     let blob_bytes: u64 = m.files.iter().map(|f| f.size).sum();
-    println!(
+    crate::outln!(
         "files      {} in {} files ({} in {} blobs, {} inline in the manifest)",
         out::bytes(m.file_bytes()),
         m.files.len() + m.inline_files.len(),
@@ -276,14 +277,14 @@ pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {
         m.files.len(),
         out::bytes(m.file_bytes() - blob_bytes)
     );
-    println!(
+    crate::outln!(
         "transfer   {} uploaded, {} reused (when the snapshot was written)",
         out::bytes(m.stats.bytes_uploaded),
         out::bytes(m.stats.bytes_reused)
     );
     match &m.logical_digest {
-        Some(d) => println!("digest     {d}"),
-        None => println!("digest     none recorded (verify --deep can verify the blobs only)"),
+        Some(d) => crate::outln!("digest     {d}"),
+        None => crate::outln!("digest     none recorded (verify --deep can verify the blobs only)"),
     }
     let mut t = out.table(&["file", "size", "blake3"]);
     for f in &m.files {
@@ -297,7 +298,7 @@ pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {
             f.blake3.to_hex(),
         ]);
     }
-    println!("{t}");
+    crate::outln!("{t}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -328,13 +329,14 @@ pub async fn clone(a: &crate::args::CloneArgs, out: Out) -> Result<ExitCode> {
             "already_present": r.already_present,
         }));
     } else if r.already_present {
-        println!(
+        crate::outln!(
             "already present: {to} holds this snapshot of {from} as {} at offset {}; nothing \
              copied",
-            m.snapshot_id, m.changelog.offset
+            m.snapshot_id,
+            m.changelog.offset
         );
     } else {
-        println!(
+        crate::outln!(
             "cloned {from} to {to} as snapshot {} at offset {} ({} blobs copied, {}; {} already there)",
             m.snapshot_id,
             m.changelog.offset,
@@ -342,9 +344,10 @@ pub async fn clone(a: &crate::args::CloneArgs, out: Out) -> Result<ExitCode> {
             out::bytes(r.bytes_copied),
             r.blobs_shared
         );
-        println!(
+        crate::outln!(
             "the copy names the source's changelog ({} partition {}): restore it with that changelog",
-            m.changelog.topic, m.changelog.partition
+            m.changelog.topic,
+            m.changelog.partition
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -383,7 +386,7 @@ async fn seed(
             "digest": r.digest.to_string(),
         }));
     } else {
-        println!(
+        crate::outln!(
             "seeded {to} from {from} snapshot {} (offset {}): {} records written to its \
              changelog ({} partition {}), first snapshot {} at offset {}",
             r.source,

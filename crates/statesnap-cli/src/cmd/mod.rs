@@ -55,31 +55,47 @@ pub fn store_key(s: &str) -> Result<StoreKey> {
     StoreKey::new(app, store, partition)
 }
 
-/// Snapshot `id` of `sk` (`latest`: the newest valid one). When the store
-/// has no snapshots at all, the not-found error names similar stores.
+/// Snapshot `id` of `sk` (`latest`: the newest valid one of the live
+/// changelog incarnation, as restore and retention mean it). When the
+/// store's snapshots span several incarnations, a note on stderr says which
+/// one `latest` took. When the store has no snapshots at all, the
+/// not-found error names similar stores.
 pub async fn snapshot(repo: &Repository, sk: &StoreKey, id: &str) -> Result<SnapshotInfo> {
-    match repo
-        .catalog()
-        .snapshot_or_latest(sk, snapshot_id(id)?)
-        .await
-    {
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            let listing = repo.catalog().list_snapshots(sk).await?;
-            if listing.snapshots.is_empty() && listing.unreadable.is_empty() {
-                Err(Error::new(
-                    ErrorKind::NotFound,
-                    format!(
-                        "{}; the store has no snapshots: {}",
-                        e.message(),
-                        similar_stores_hint(repo, sk).await
-                    ),
-                ))
-            } else {
-                Err(e)
-            }
-        }
-        r => r,
+    if let Some(id) = snapshot_id(id)? {
+        return repo.catalog().get_snapshot(sk, id).await;
     }
+    let listing = repo.catalog().list_snapshots(sk).await?;
+    if let Some(latest) = listing.latest() {
+        let lineages = listing.lineages();
+        if lineages > 1 {
+            eprintln!(
+                "note: the snapshots of {sk} span {lineages} changelog incarnations; `latest` is \
+                 {} at offset {}, the newest of the live one (lineage {}, that of the most \
+                 recently created snapshot); name a snapshot id to read another",
+                latest.id(),
+                latest.offset(),
+                latest.manifest.changelog.lineage
+            );
+        }
+        return Ok(latest.clone());
+    }
+    if listing.snapshots.is_empty() && listing.unreadable.is_empty() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "store has no snapshots store_key=`{sk}`; {}",
+                similar_stores_hint(repo, sk).await
+            ),
+        ));
+    }
+    Err(Error::new(
+        ErrorKind::NotFound,
+        format!(
+            "store has no valid snapshot store_key=`{sk}` ({} unreadable manifests; `statesnap list` \
+         shows why)",
+            listing.unreadable.len()
+        ),
+    ))
 }
 
 /// Not found: store `sk` has no snapshots (`list`), with similar stores.

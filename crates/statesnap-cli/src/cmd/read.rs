@@ -43,7 +43,7 @@ pub async fn get(a: &GetArgs, out: Out) -> Result<ExitCode> {
         }));
     } else {
         match &value {
-            Some(v) => println!("{}", out::show_bytes(v, a.hex)),
+            Some(v) => crate::outln!("{}", out::show_bytes(v, a.hex)),
             None => eprintln!(
                 "key {} is not in snapshot {} of {sk}",
                 out::show_bytes(&key, a.hex),
@@ -98,7 +98,7 @@ pub async fn scan(a: &ScanArgs, out: Out) -> Result<ExitCode> {
         }));
     } else {
         for (k, v) in &pairs {
-            println!(
+            crate::outln!(
                 "{}\t{}",
                 out::show_bytes(k, a.hex),
                 out::show_bytes(v, a.hex)
@@ -232,7 +232,7 @@ pub async fn diff(a: &DiffArgs, out: Out) -> Result<ExitCode> {
         out.json(&v);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    crate::outln!(
         "{} (offset {}) -> {} (offset {}): {} added, {} removed, {} changed, {} unchanged",
         s1.id(),
         s1.offset(),
@@ -249,7 +249,7 @@ pub async fn diff(a: &DiffArgs, out: Out) -> Result<ExitCode> {
                 .iter()
                 .map(|k| out::show_bytes(k, a.hex))
                 .collect();
-            println!("{n}: {}", keys.join(", "));
+            crate::outln!("{n}: {}", keys.join(", "));
         }
     }
     Ok(ExitCode::SUCCESS)

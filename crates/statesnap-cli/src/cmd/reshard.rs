@@ -154,8 +154,39 @@ pub async fn run(a: &ReshardArgs, out: Out) -> Result<ExitCode> {
         .iter()
         .map(|k| expand(from_template, k)?.open_for_reading(k.changelog_id()))
         .collect::<Result<_>>()?;
+    if (&from_app, &from_store) == (&to_app, &to_store) {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "the reshard target is the source store store=`{from_app}/{from_store}`; write \
+                 the new layout to another application or store name"
+            ),
+        ));
+    }
+    // Before anything is created: a target that is not new is refused
+    // (unless resuming), so a refused reshard creates no target log.
+    let mut not_new = Vec::new();
+    for k in &targets {
+        let url = expand(&a.changelog_template, k)?;
+        let existing = match url.open_for_reading(k.changelog_id()) {
+            Ok(log) => Some(log),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        if let Err(e) = statesnap::reshard::check_new_target(&repo, k, existing.as_deref()).await {
+            if e.kind() != ErrorKind::AlreadyExists {
+                return Err(e);
+            }
+            not_new.push(e);
+        }
+    }
     if a.dry_run {
-        return dry_run(&repo, &sources, &source_logs, &targets, a, out).await;
+        return dry_run(&repo, &sources, &source_logs, &targets, &not_new, a, out).await;
+    }
+    if let Some(e) = not_new.into_iter().next()
+        && !a.force
+    {
+        return Err(e);
     }
     let target_logs: Vec<Box<dyn Changelog>> = targets
         .iter()
@@ -185,11 +216,17 @@ pub async fn run(a: &ReshardArgs, out: Out) -> Result<ExitCode> {
             statesnap::reshard::reshard(&repo, &f, &src, &g, &dst, &scratch, &options).await
         }))
     };
-    let report = tokio::select! {
-        biased;
-        r = work => r?,
-        () = follow(&progress, sources.len() as u64, out) => unreachable!("follow never returns"),
+    // The progress follows on a task of its own: the reshard's writing
+    // runs in place on this task's thread (`block_in_place`).
+    let follower = {
+        let progress = Arc::clone(&progress);
+        let n = sources.len() as u64;
+        tokio::spawn(async move { follow(&progress, n, out).await })
     };
+    let report = work.await;
+    follower.abort();
+    let _ = follower.await;
+    let report = report?;
     print_report(&report, out);
     Ok(ExitCode::SUCCESS)
 }
@@ -199,6 +236,7 @@ async fn follow(progress: &ReshardProgress, sources: u64, out: Out) {
     let pb = out
         .spinner("restoring the sources")
         .with_finish(indicatif::ProgressFinish::AndClear);
+    let mut last_line = std::time::Instant::now();
     loop {
         let restored = progress.sources_restored();
         let msg = if restored < sources {
@@ -216,6 +254,7 @@ async fn follow(progress: &ReshardProgress, sources: u64, out: Out) {
                 per.join(" ")
             )
         };
+        out.progress_line(&mut last_line, || format!("reshard: {msg}"));
         pb.set_message(msg);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -226,6 +265,7 @@ async fn dry_run(
     sources: &[StoreKey],
     logs: &[Box<dyn Changelog>],
     targets: &[StoreKey],
+    not_new: &[Error],
     a: &ReshardArgs,
     out: Out,
 ) -> Result<ExitCode> {
@@ -255,10 +295,12 @@ async fn dry_run(
             "targets": targets.iter().zip(&target_urls).map(|(k, url)| json!({
                 "store_key": k.to_string(), "changelog": url,
             })).collect::<Vec<_>>(),
+            "targets_not_new": not_new.iter().map(Error::to_string).collect::<Vec<_>>(),
+            "would_be_refused": !not_new.is_empty() && !a.force,
         }));
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    crate::outln!(
         "dry run: {} source partitions -> {} target partitions ({} partitioner); nothing written",
         sources.len(),
         targets.len(),
@@ -282,12 +324,29 @@ async fn dry_run(
             tail.to_string(),
         ]);
     }
-    println!("{t}");
+    crate::outln!("{t}");
     let mut t = out.table(&["target", "changelog"]);
     for (k, url) in targets.iter().zip(&target_urls) {
         t.add_row(vec![k.to_string(), url.clone()]);
     }
-    println!("{t}");
+    crate::outln!("{t}");
+    for e in not_new {
+        crate::outln!("target not new: {e}");
+    }
+    if !not_new.is_empty() {
+        if a.force {
+            crate::outln!(
+                "with --force the run resumes: what the targets hold is checked against this \
+                 reshard's output"
+            );
+        } else {
+            crate::outln!(
+                "the run would be refused (exit {}): use new targets, or --force to resume an \
+                 interrupted reshard of the same sources",
+                out::exit_code(ErrorKind::AlreadyExists)
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -326,7 +385,7 @@ fn print_report(r: &ReshardReport, out: Out) {
         }));
         return;
     }
-    println!(
+    crate::outln!(
         "resharded {} keys ({}) from {} partitions into {} ({} partitioner) in {} \
          (restore {}, write {}, commit {})",
         r.keys,
@@ -370,18 +429,18 @@ fn print_report(r: &ReshardReport, out: Out) {
             snapshot,
         ]);
     }
-    println!("{t}");
-    println!(
+    crate::outln!("{t}");
+    crate::outln!(
         "digest of every key moved: {} (sources = targets)",
         r.digest
     );
     let left: u64 = r.sources.iter().map(|s| s.left_behind).sum();
     if left > 0 {
-        println!(
+        crate::outln!(
             "left behind: {left} per-partition bookkeeping keys (input positions) of the old layout"
         );
     }
     if r.targets.iter().any(|t| t.replay_verified) {
-        println!("every target's new changelog replays to its snapshot");
+        crate::outln!("every target's new changelog replays to its snapshot");
     }
 }

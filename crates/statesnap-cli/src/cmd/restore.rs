@@ -78,7 +78,7 @@ pub async fn plan(a: &PlanArgs, out: Out) -> Result<ExitCode> {
         out.json(&plan_json(&plan, estimate));
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    crate::outln!(
         "store {} on changelog {} (end offset {}{})",
         plan.store_key,
         plan.changelog,
@@ -87,7 +87,7 @@ pub async fn plan(a: &PlanArgs, out: Out) -> Result<ExitCode> {
             .map_or(String::new(), |u| format!(", point in time {u}"))
     );
     if let Some(c) = plan.chosen() {
-        println!(
+        crate::outln!(
             "would restore from {}: download {} (more if a local file fails its hash check), \
              reuse up to {} locally, replay up to {} records; estimated {}",
             c.source,
@@ -113,12 +113,12 @@ pub async fn plan(a: &PlanArgs, out: Out) -> Result<ExitCode> {
             s.records_to_replay.to_string(),
         ]);
     }
-    println!("fallback order:\n{t}");
+    crate::outln!("fallback order:\n{t}");
     for r in &plan.rejected {
-        println!("not usable: {} ({}): {}", r.source, r.kind, r.reason);
+        crate::outln!("not usable: {} ({}): {}", r.source, r.kind, r.reason);
     }
     for u in &plan.unreadable {
-        println!("unreadable manifest {} ({}): {}", u.key, u.kind, u.reason);
+        crate::outln!("unreadable manifest {} ({}): {}", u.key, u.kind, u.reason);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -166,26 +166,35 @@ pub async fn restore(a: &RestoreArgs, out: Out) -> Result<ExitCode> {
         replace_unmarked: a.force,
         until: a.at_offset,
         progress: Some(progress.clone()),
+        commit_gate: Some(crate::signal::gate()),
         ..RestoreOptions::default()
     };
     let started = std::time::Instant::now();
     let what = format!("restoring {sk} into {}", a.to.display());
+    // The progress follows on a task of its own: the restore's replay
+    // runs in place on this task's thread (`block_in_place`), and a
+    // follower polled beside it would stand still until it ended.
+    let follower = {
+        let progress = progress.clone();
+        tokio::spawn(async move { out.follow_restore(&progress, &what).await })
+    };
     let report = with_format!(kind, f => {
-        let restore = restore_into(&f, &repo, &sk, &*log, &a.to, &options);
-        tokio::select! {
-            biased;
-            r = restore => r?,
-            () = out.follow_restore(&progress, &what) => unreachable!("follow_restore never returns"),
-        }
+        restore_into(&f, &repo, &sk, &*log, &a.to, &options).await
     });
+    follower.abort();
+    let _ = follower.await;
+    let report = report?;
     let took = started.elapsed();
+    crate::signal::after_commit();
     if out.json {
         out.json(&json!({
             "store": sk.to_string(),
             "target": a.to.display().to_string(),
             "source": source_json(&report.source),
             "seconds": took.as_secs_f64(),
-            "snapshot_seconds": report.snapshot_duration.as_secs_f64(),
+            // Only a restore from a snapshot spent time restoring one.
+            "snapshot_seconds": matches!(report.source, Source::Snapshot { .. })
+                .then(|| report.snapshot_duration.as_secs_f64()),
             "bytes_downloaded": report.transfer.bytes_downloaded,
             "bytes_reused_locally": report.transfer.bytes_reused_locally,
             "records_replayed": report.replay.records,
@@ -198,12 +207,15 @@ pub async fn restore(a: &RestoreArgs, out: Out) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     for s in &report.skipped {
-        println!(
+        crate::outln!(
             "skipped snapshot {} at offset {} ({}): {}",
-            s.id, s.offset, s.kind, s.reason
+            s.id,
+            s.offset,
+            s.kind,
+            s.reason
         );
     }
-    println!(
+    crate::outln!(
         "restored {} into {} from {} in {}: downloaded {}, replayed {} records; now at offset {}",
         sk,
         a.to.display(),

@@ -62,7 +62,7 @@ pub async fn run(a: &VerifyArgs, out: Out) -> Result<ExitCode> {
     if out.json {
         print_json(&report, &deep, ok, not_compared, out);
     } else {
-        print_text(&report, &deep, ok, not_compared);
+        print_text(&report, &deep, ok, not_compared, a.quarantine);
     }
     Ok(if ok {
         ExitCode::SUCCESS
@@ -153,8 +153,14 @@ fn print_json(report: &VerifyReport, deep: &[Deep], ok: bool, not_compared: usiz
 }
 
 /// The text report: what was checked, each problem, each deep check, the verdict.
-fn print_text(report: &VerifyReport, deep: &[Deep], ok: bool, not_compared: usize) {
-    println!(
+fn print_text(
+    report: &VerifyReport,
+    deep: &[Deep],
+    ok: bool,
+    not_compared: usize,
+    quarantined: bool,
+) {
+    crate::outln!(
         "checked {} blobs ({}) of {} snapshots in {} stores",
         report.blobs_checked,
         out::bytes(report.bytes_checked),
@@ -163,7 +169,7 @@ fn print_text(report: &VerifyReport, deep: &[Deep], ok: bool, not_compared: usiz
     );
     for b in &report.bad {
         let snaps: Vec<String> = b.referenced_by.iter().map(ToString::to_string).collect();
-        println!(
+        crate::outln!(
             "BAD blob {} of store {} ({}): {}; named by snapshots {}{}",
             b.hash.to_hex(),
             b.store_key,
@@ -176,25 +182,38 @@ fn print_text(report: &VerifyReport, deep: &[Deep], ok: bool, not_compared: usiz
         );
     }
     for f in &report.bad_inline {
-        println!(
+        crate::outln!(
             "BAD inline file {} of snapshot {} of store {}: {}",
-            f.path, f.snapshot, f.store_key, f.reason
+            f.path,
+            f.snapshot,
+            f.store_key,
+            f.reason
         );
     }
     for u in &report.unreadable {
-        println!("UNREADABLE manifest {} ({}): {}", u.key, u.kind, u.reason);
+        crate::outln!("UNREADABLE manifest {} ({}): {}", u.key, u.kind, u.reason);
     }
     print_deep(deep);
     if ok && not_compared > 0 {
-        println!(
+        crate::outln!(
             "all well, as far as checked: {not_compared} of {} restored snapshots had no \
              digest recorded (blobs verified only)",
             deep.len()
         );
     } else if ok {
-        println!("all well");
+        crate::outln!("all well");
+    } else if quarantined && !report.bad.is_empty() {
+        crate::outln!(
+            "problems found: the bad blobs were quarantined, so the next snapshot of each store \
+             uploads them again; until then restores fall back past the snapshots that need \
+             them"
+        );
+    } else if report.bad.is_empty() {
+        crate::outln!(
+            "problems found (above): no blob is bad, so --quarantine would change nothing"
+        );
     } else {
-        println!(
+        crate::outln!(
             "problems found: restores fall back past bad snapshots; run with --quarantine \
              so the next snapshot uploads bad blobs again"
         );
@@ -206,21 +225,21 @@ fn print_deep(deep: &[Deep]) {
     for d in deep {
         match &d.result {
             Ok(r) => match r.digest_check() {
-                DigestCheck::Matched => println!(
+                DigestCheck::Matched => crate::outln!(
                     "deep: {} snapshot {} restored; its {} keys match the recorded digest ({})",
                     d.store,
                     d.snapshot,
                     r.actual.keys(),
                     r.actual
                 ),
-                DigestCheck::NotRecorded => println!(
+                DigestCheck::NotRecorded => crate::outln!(
                     "deep: {} snapshot {} restored ({} keys); no digest recorded: blobs \
                      verified only, contents not compared",
                     d.store,
                     d.snapshot,
                     r.actual.keys()
                 ),
-                _ => println!(
+                _ => crate::outln!(
                     "DEEP MISMATCH: {} snapshot {} restored to digest {} but its manifest \
                      records {}",
                     d.store,
@@ -229,9 +248,10 @@ fn print_deep(deep: &[Deep]) {
                     r.expected.map_or("-".into(), |e| e.to_string())
                 ),
             },
-            Err(e) => println!(
+            Err(e) => crate::outln!(
                 "DEEP FAILED: {} snapshot {} could not be restored: {e}",
-                d.store, d.snapshot
+                d.store,
+                d.snapshot
             ),
         }
     }
