@@ -18,7 +18,16 @@ mkdir -p "$CARGO_TARGET_DIR" "$STATESNAP_CACHE"
 # differently and rebuild the crates.
 FEATURES=(--workspace --all-features)
 
-log() { printf '\n==> %s\n' "$*"; }
+# Each phase line carries the wall-clock time and the minutes since the
+# first script started (STATESNAP_T0 is inherited by the scripts it runs),
+# so a slow run shows where its time went.
+export STATESNAP_T0="${STATESNAP_T0:-$(date +%s)}"
+log() {
+  local now
+  now="$(date +%s)"
+  printf '\n==> [%s +%dm%02ds] %s\n' "$(date -u +%H:%M:%S)" \
+    $(((now - STATESNAP_T0) / 60)) $(((now - STATESNAP_T0) % 60)) "$*"
+}
 
 build_env_install() {
   local need=()

@@ -16,12 +16,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/build-env.sh"
 cd "$ROOT"
 
 # --- system packages -------------------------------------------------------
+log "system packages"
 build_env_install
 
 # --- real servers ----------------------------------------------------------
 # shellcheck source=scripts/servers.sh
 source "$ROOT/scripts/servers.sh"
+log "test servers: install what is missing (cached in $STATESNAP_CACHE)"
 servers_install
+log "test servers: start"
 servers_start
 # The suites fail (rather than skip) when their server is missing.
 export STATESNAP_REQUIRE_S3=1
@@ -36,11 +39,14 @@ cargo fmt --all -- --check
 log "cargo clippy (release profile, shared with tests)"
 cargo clippy --release "${FEATURES[@]}" --all-targets -- -D warnings
 
+# --no-fail-fast: one failing test binary must not hide the others' results.
 log "cargo test (release profile)"
-cargo test --release "${FEATURES[@]}" --all-targets
-cargo test --release "${FEATURES[@]}" --doc
+cargo test --release "${FEATURES[@]}" --all-targets --no-fail-fast
+log "cargo test --doc"
+cargo test --release "${FEATURES[@]}" --doc --no-fail-fast
 # Tests that need root (they mount a tmpfs); same build, nothing recompiles.
 if [[ $(id -u) -eq 0 ]]; then
+  log "cargo test: the mount-point restore test (root)"
   cargo test --release "${FEATURES[@]}" --test restore_target -- --ignored mount_point
 else
   log "not root: skipping the mount-point restore test (restore_target, ignored)"

@@ -14,7 +14,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::Result;
 
-const TIMEOUT: Duration = Duration::from_secs(10);
+const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn config(bootstrap: &str) -> ClientConfig {
     let mut c = ClientConfig::new();

@@ -83,7 +83,7 @@ fn open(bootstrap: &str, store: &str, mock: Option<&Mock>) -> KafkaChangelog {
     if let Some(m) = mock {
         m.create_topic(&id.topic, 1, 1).expect("mock topic");
         options = options
-            .request_timeout(Duration::from_secs(1))
+            .request_timeout(Duration::from_secs(5))
             .non_compacted_policy(NonCompactedPolicy::Warn);
     }
     KafkaChangelog::open(id, options).expect("open kafka changelog")

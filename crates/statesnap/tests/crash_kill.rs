@@ -39,13 +39,18 @@ fn log_options() -> FileChangelogOptions {
 /// has open — the lock of a log this process just closed included — until
 /// `exec` closes it (close-on-exec). That shows as a transient "locked by
 /// another writer" naming this very process; it clears within moments, so
-/// the opens here retry it for up to 5 s.
+/// the opens here retry it for up to 60 s (a slow machine may take a while
+/// to get a forked child to its `exec`).
 fn open_log(dir: &Path) -> FileChangelog {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         match FileChangelog::open(dir.join("log"), id(), log_options()) {
             Ok(log) => return log,
-            Err(e) if e.is_transient() && std::time::Instant::now() < deadline => {
+            Err(e) if e.is_transient() => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "waited 60 s for the changelog's lock to be let go: {e}"
+                );
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
             Err(e) => panic!("open the changelog: {e}"),

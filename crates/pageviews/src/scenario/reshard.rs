@@ -129,7 +129,7 @@ fn run_generation(
     let (mut a, mut b) = start_two(config, &all)?;
     log("c joins");
     let mut c = Proc::spawn(config, "c")?;
-    wait_until("c to own partitions", Duration::from_secs(90), || {
+    wait_until("c to own partitions", Duration::from_secs(180), || {
         c.check_alive()?;
         Ok(!opened_by(&c).is_empty())
     })?;

@@ -27,7 +27,8 @@ pub fn servers() -> Option<(String, String)> {
 
 /// A scenario on `partitions` partitions under a fresh id starting with
 /// `prefix` (its repository a prefix of that name under `repo`), working in
-/// `dir`: 3 000 users at 800 events/s, 3 s to settle, 6 s sessions.
+/// `dir`: 3 000 users at 800 events/s, 3 s to settle, 15 s sessions (a
+/// slow machine may miss a few heartbeats without a member expiring).
 pub fn scenario_config(
     prefix: &str,
     bootstrap: String,
@@ -47,7 +48,7 @@ pub fn scenario_config(
         users: 3000,
         rate: 800,
         settle: std::time::Duration::from_secs(3),
-        session_timeout: std::time::Duration::from_secs(6),
+        session_timeout: std::time::Duration::from_secs(15),
         env: Vec::new(),
         standbys: 0,
     }
