@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{json_of, manual_manager, run_json_args, statesnap};
+use common::{foreign_dir, json_of, manual_manager, run_json_args, statesnap, tree};
 use statesnap::StoreKey;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -836,49 +836,6 @@ fn ctrl_c_during_a_restore_leaves_nothing_behind() {
         Vec::<String>::new(),
         "staging left behind"
     );
-}
-
-/// What is at a path, links not followed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Node {
-    Dir,
-    File(Vec<u8>),
-    Link(PathBuf),
-    Other,
-}
-
-/// Every entry under `root` and `root` itself (as ``), by relative path:
-/// names, kinds, bytes and link targets.
-fn tree(root: &Path) -> std::collections::BTreeMap<PathBuf, Node> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let p = root.join(&rel);
-        let Ok(m) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        let node = if m.file_type().is_symlink() {
-            Node::Link(std::fs::read_link(&p).expect("read_link"))
-        } else if m.is_dir() {
-            for e in std::fs::read_dir(&p).expect("read_dir") {
-                stack.push(rel.join(e.expect("entry").file_name()));
-            }
-            Node::Dir
-        } else if m.is_file() {
-            Node::File(std::fs::read(&p).expect("read"))
-        } else {
-            Node::Other
-        };
-        out.insert(rel, node);
-    }
-    out
-}
-
-/// A user's directory (not a store) at `dir`.
-fn foreign_dir(dir: &Path) {
-    std::fs::create_dir_all(dir.join("figures")).expect("mkdir");
-    std::fs::write(dir.join("thesis.tex"), b"years of work").expect("write");
-    std::fs::write(dir.join("figures/plot.svg"), b"<svg/>").expect("write");
 }
 
 /// Defect: `restore --to LINK/ --force` followed the link (`lstat` of

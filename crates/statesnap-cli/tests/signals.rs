@@ -8,14 +8,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::manual_manager;
+use common::{foreign_dir, manual_manager, tree};
 use statesnap::{FileChangelog, StateStore, StoreKey, StoreSpec};
 
 const STORE: &str = "shop/carts/0";
@@ -52,32 +51,6 @@ fn history(root: &Path) -> (String, String) {
         m.shutdown().await;
     });
     (repo_url, format!("file://{}", root.join("log").display()))
-}
-
-/// Every entry under `root`, by relative path: kinds and bytes.
-fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let p = root.join(&rel);
-        let m = std::fs::symlink_metadata(&p).expect("lstat");
-        if m.is_dir() {
-            for e in std::fs::read_dir(&p).expect("read_dir") {
-                stack.push(rel.join(e.expect("entry").file_name()));
-            }
-            out.insert(rel, None);
-        } else {
-            out.insert(rel, Some(std::fs::read(&p).expect("read")));
-        }
-    }
-    out
-}
-
-/// A user's directory (not a store).
-fn foreign_dir(dir: &Path) {
-    std::fs::create_dir_all(dir.join("figures")).expect("mkdir");
-    std::fs::write(dir.join("thesis.tex"), b"years of work").expect("write");
-    std::fs::write(dir.join("figures/plot.svg"), b"<svg/>").expect("write");
 }
 
 /// `restore --force` into `target`, held at `hold`, with its stderr lines

@@ -336,6 +336,163 @@ proptest! {
     }
 }
 
+/// Every file under `dir` with its bytes (directories as `None`).
+fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Option<Vec<u8>>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let rel = p.strip_prefix(dir).unwrap().to_path_buf();
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+            out.insert(rel, None);
+        } else {
+            out.insert(rel, Some(std::fs::read(&p).unwrap()));
+        }
+    }
+    out
+}
+
+/// Where a run is stopped: refused for its input, or dropped.
+#[derive(Debug, Clone)]
+enum Stop {
+    /// A key held by two sources, at this point of the key space.
+    Duplicate(u32),
+    /// A finished run's snapshots lost, then a resume whose partitioner
+    /// sends this key (of the key space) elsewhere.
+    OtherResume(u32),
+    /// The reshard's future dropped after this many milliseconds.
+    Drop(u64),
+}
+
+fn stop() -> impl Strategy<Value = Stop> {
+    prop_oneof![
+        (0u32..800).prop_map(Stop::Duplicate),
+        (0u32..800).prop_map(Stop::OtherResume),
+        (0u64..200).prop_map(Stop::Drop),
+    ]
+}
+
+/// What a run must leave as it was when refused: the targets' logs, byte
+/// for byte, and the repository's target snapshots.
+type Untouched = (
+    Vec<u64>,
+    usize,
+    std::collections::BTreeMap<PathBuf, Option<Vec<u8>>>,
+);
+
+async fn targets_before(s: &Sources, t: &Targets) -> Untouched {
+    let mut snapshots = 0;
+    for k in &t.keys {
+        snapshots += s
+            .repo
+            .catalog()
+            .list_snapshots(k)
+            .await
+            .unwrap()
+            .snapshots
+            .len();
+    }
+    (t.end_offsets(), snapshots, tree(&t.dir))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Refused at a random point of the input (a key held by two sources, a
+    /// resume with another partitioner) the targets' logs and the
+    /// repository are byte for byte as before, and once the cause is gone
+    /// the run finishes exactly; dropped at a random moment, nothing of its
+    /// scratch space remains once the work it started has ended.
+    #[test]
+    fn refusals_and_drops_leave_targets_and_directories_as_they_were(
+        n in 2u32..=4,
+        m in 1u32..=5,
+        source in kind(),
+        target in kind(),
+        writes in 200u32..3_000,
+        seed in any::<u64>(),
+        how in stop(),
+    ) {
+        let mut s = common::rt().block_on(Sources::new(source, n, writes, 800, seed));
+        let t = Targets::new(s.root.path(), "shop2", m);
+        match how {
+            Stop::Duplicate(at) => common::rt().block_on(async {
+                // Put in the source Kafka's partitioner places it in, and in
+                // the next one.
+                let key = Bytes::from(format!("user-{at:06}"));
+                let home = Murmur2.partition(&key, n) as usize;
+                let other = (home + 1) % n as usize;
+                for i in [home, other] {
+                    s.logs[i].append(&[Record::put(key.clone(), "dup")]).unwrap();
+                    s.models[i].insert(key.clone(), Bytes::from("dup"));
+                }
+                let before = targets_before(&s, &t).await;
+                let e = run(&s, source, &t, target, &Default::default()).await.unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+                assert_eq!(targets_before(&s, &t).await, before, "refused: {e}");
+                // The duplicate gone from the other source: a plain run
+                // finds the targets new and is exact.
+                s.logs[other].append(&[Record::delete(key.clone())]).unwrap();
+                s.models[other].remove(&key);
+                let r = run(&s, source, &t, target, &Default::default()).await.unwrap();
+                check_exact(&s, &t, target, &r, &Murmur2).await;
+            }),
+            Stop::OtherResume(at) => common::rt().block_on(async {
+                let r = run(&s, source, &t, target, &Default::default()).await.unwrap();
+                for (k, tr) in t.keys.iter().zip(&r.targets) {
+                    if let Some(id) = tr.snapshot {
+                        s.repo.catalog().delete_snapshot(k, id).await.unwrap();
+                    }
+                }
+                let moved = Bytes::from(format!("user-{at:06}"));
+                let held = s.union().contains_key(&moved);
+                let before = targets_before(&s, &t).await;
+                let other = ReshardOptions {
+                    partitioner: Arc::new(FnPartitioner::new("murmur2", move |k: &[u8], n| {
+                        let p = Murmur2.partition(k, n);
+                        if k == &moved[..] { (p + 1) % n } else { p }
+                    })),
+                    resume: true,
+                    ..Default::default()
+                };
+                match run(&s, source, &t, target, &other).await {
+                    Err(e) => {
+                        assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+                        assert_eq!(targets_before(&s, &t).await, before, "refused: {e}");
+                    }
+                    // Nothing to differ on: one target, or a key no source
+                    // holds.
+                    Ok(_) => assert!(m == 1 || !held, "a different layout was accepted"),
+                }
+                let resume = ReshardOptions { resume: true, ..Default::default() };
+                let r = run(&s, source, &t, target, &resume).await.unwrap();
+                check_exact(&s, &t, target, &r, &Murmur2).await;
+            }),
+            Stop::Drop(delay_ms) => {
+                let rt = common::rt();
+                rt.block_on(async {
+                    let o = ReshardOptions::default();
+                    let work = run(&s, source, &t, target, &o);
+                    let _ = tokio::time::timeout(std::time::Duration::from_millis(delay_ms), work)
+                        .await;
+                });
+                drop(rt);
+                let left: Vec<_> = std::fs::read_dir(s.root.path())
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("scratch-"))
+                    .collect();
+                assert!(left.is_empty(), "dropped after {delay_ms} ms: {left:?} left");
+            }
+        }
+    }
+}
+
 #[test]
 fn a_users_partitioner_places_every_key() {
     common::rt().block_on(async {

@@ -27,8 +27,9 @@ pub fn servers() -> Option<(String, String)> {
 
 /// A scenario on `partitions` partitions under a fresh id starting with
 /// `prefix` (its repository a prefix of that name under `repo`), working in
-/// `dir`: 3 000 users at 800 events/s, 3 s to settle, 15 s sessions (a
-/// slow machine may miss a few heartbeats without a member expiring).
+/// `dir`: 3 000 users at 800 events/s, 3 s to settle, 6 s sessions (with
+/// 15 s, tried for slow machines, the outage scenario's survivor never got
+/// the partitions back within 180 s against tansu; the cause is not known).
 pub fn scenario_config(
     prefix: &str,
     bootstrap: String,
@@ -48,7 +49,7 @@ pub fn scenario_config(
         users: 3000,
         rate: 800,
         settle: std::time::Duration::from_secs(3),
-        session_timeout: std::time::Duration::from_secs(15),
+        session_timeout: std::time::Duration::from_secs(6),
         env: Vec::new(),
         standbys: 0,
     }
