@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The consumer-group example (crates/pageviews) against real servers:
-# installs and starts tansu (Kafka protocol) and s3s-fs (S3 protocol) on
+# installs and starts Apache Kafka and s3s-fs (S3 protocol) on
 # 127.0.0.1 as scripts/test.sh does, builds, then runs
 #
 #   scripts/pageviews.sh                 the scenarios, then the bench at 1 M keys

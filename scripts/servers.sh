@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Both real servers on 127.0.0.1 — s3s-fs (S3 protocol, scripts/s3.sh) and
-# tansu (Kafka protocol, scripts/kafka.sh) — for a script that has sourced
+# Apache Kafka (scripts/kafka.sh) — for a script that has sourced
 # build-env.sh:
 #   source "$ROOT/scripts/servers.sh"
 #   servers_install   # what is missing (cached in $STATESNAP_CACHE)

@@ -2,8 +2,8 @@
 # The whole statesnap test suite, on a fresh machine or a warm one.
 #
 #   scripts/test.sh            install what is missing, start the real servers
-#                              (s3s-fs, an S3-protocol server, and tansu, a
-#                              Kafka-protocol broker, both on 127.0.0.1), then
+#                              (s3s-fs, an S3-protocol server, and Apache
+#                              Kafka, both on 127.0.0.1), then
 #                              run fmt, clippy, every test, and a demo smoke run
 #
 # Everything builds in ONE cargo profile (release): RocksDB's C++ takes ~15 min
@@ -78,7 +78,9 @@ check_direct_run() {
   out="$(mktemp)"
   "$ROOT/$script" >"$out" 2>&1 &
   pid=$!
-  for _ in $(seq 1 300); do
+  # 120 s: Kafka's JVM starts in ~6 s on an idle machine, 16 s with the
+  # other core busy.
+  for _ in $(seq 1 1200); do
     grep -q -- "$want" "$out" && break
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1

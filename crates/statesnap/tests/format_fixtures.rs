@@ -10,6 +10,8 @@
 //! fixtures must keep loading.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use bytes::Bytes;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,9 +28,7 @@ use statesnap::repo::{
 use statesnap::{ErrorKind, Reason};
 
 fn fixtures(sub: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(sub)
+    common::package_dir().join("tests/fixtures").join(sub)
 }
 
 // ---------------------------------------------------------------- manifest v1

@@ -25,7 +25,7 @@ use statesnap::store::StateStoreExt;
 use statesnap::{ErrorKind, Reason};
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/portable")
+    common::package_dir().join("tests/fixtures/portable")
 }
 
 fn fixture_records() -> Vec<(&'static str, Vec<Record>)> {

@@ -336,27 +336,6 @@ proptest! {
     }
 }
 
-/// Every file under `dir` with its bytes (directories as `None`).
-fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Option<Vec<u8>>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(m) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        let rel = p.strip_prefix(dir).unwrap().to_path_buf();
-        if m.is_dir() {
-            for e in std::fs::read_dir(&p).unwrap() {
-                stack.push(e.unwrap().path());
-            }
-            out.insert(rel, None);
-        } else {
-            out.insert(rel, Some(std::fs::read(&p).unwrap()));
-        }
-    }
-    out
-}
-
 /// Where a run is stopped: refused for its input, or dropped.
 #[derive(Debug, Clone)]
 enum Stop {
@@ -382,7 +361,7 @@ fn stop() -> impl Strategy<Value = Stop> {
 type Untouched = (
     Vec<u64>,
     usize,
-    std::collections::BTreeMap<PathBuf, Option<Vec<u8>>>,
+    std::collections::BTreeMap<PathBuf, common::Node>,
 );
 
 async fn targets_before(s: &Sources, t: &Targets) -> Untouched {
@@ -397,7 +376,7 @@ async fn targets_before(s: &Sources, t: &Targets) -> Untouched {
             .snapshots
             .len();
     }
-    (t.end_offsets(), snapshots, tree(&t.dir))
+    (t.end_offsets(), snapshots, common::tree(&t.dir))
 }
 
 proptest! {

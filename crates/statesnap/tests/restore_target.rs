@@ -170,41 +170,7 @@ fn portable_into_rocks() -> PortableFormat<RocksStore> {
     PortableFormat::new(|p: &Path| RocksStore::open(p, &RocksOptions::default()))
 }
 
-/// What is at a path, links not followed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Node {
-    Dir,
-    File(Vec<u8>),
-    Link(PathBuf),
-    Other,
-}
-
-/// Every entry under `root` and `root` itself (as ``), by path relative to
-/// it: names, kinds, bytes and link targets.
-fn tree(root: &Path) -> BTreeMap<PathBuf, Node> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let p = root.join(&rel);
-        let Ok(m) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        let node = if m.file_type().is_symlink() {
-            Node::Link(std::fs::read_link(&p).unwrap())
-        } else if m.is_dir() {
-            for e in std::fs::read_dir(&p).unwrap() {
-                stack.push(rel.join(e.unwrap().file_name()));
-            }
-            Node::Dir
-        } else if m.is_file() {
-            Node::File(std::fs::read(&p).unwrap())
-        } else {
-            Node::Other
-        };
-        out.insert(rel, node);
-    }
-    out
-}
+use common::{Node, tree};
 
 /// Staging a restore (or a capture) made, left under `root`.
 fn leftovers(root: &Path) -> Vec<PathBuf> {

@@ -1090,6 +1090,14 @@ enum Op {
     Down(bool),
     /// Check a read against the model.
     Read,
+    /// Drop the standby (if started): the log and the repository stay as
+    /// they were, and its directory is let go (a later `Start` takes it).
+    Drop,
+    /// Ask for a promotion while the owner is still open and the standby
+    /// is cut off from the log: it is refused, the standby given back, and
+    /// nothing else changes: the log and the repository byte for byte, and
+    /// the owner (not fenced) commits on.
+    RefusedPromotion,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -1099,6 +1107,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Start),
         1 => any::<bool>().prop_map(Op::Down),
         2 => Just(Op::Read),
+        1 => Just(Op::Drop),
+        1 => Just(Op::RefusedPromotion),
     ]
 }
 
@@ -1106,9 +1116,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     /// Whatever happens between a standby's start and its promotion —
-    /// snapshots, writes, outages — every read shows the model's state at
-    /// the offset it claims, and the promoted store is the model's final
-    /// state, with the lag replayed and nothing downloaded.
+    /// snapshots, writes, outages, standbys dropped at any point of their
+    /// life, promotions refused — every read shows the model's state at
+    /// the offset it claims, a drop or a refusal writes nothing, and the
+    /// promoted store is the model's final state, with the lag replayed
+    /// and nothing downloaded.
     #[test]
     fn a_standby_is_exact_whatever_happens(
         ops in prop::collection::vec(op(), 1..40),
@@ -1126,11 +1138,58 @@ proptest! {
     }
 }
 
+/// A standby from `spec()`, retried while a dropped standby of the same
+/// store still holds the directory (`transient`, `InUse`), for up to 60 s.
+async fn start_standby<F: StoreFormat + 'static>(
+    m: &StateManager,
+    spec: impl Fn() -> StoreSpec<F, Log>,
+) -> StandbyHandle<F, Log> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match m.standby(spec()) {
+            Ok(s) => return s,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+                assert_eq!(e.reason(), Some(Reason::InUse), "{e}");
+                assert!(
+                    Instant::now() < deadline,
+                    "a dropped standby did not let go of its directory within 60 s"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+}
+
+/// What a standby must never change: every file of the log directory and
+/// every object of the repository, with their bytes.
+async fn written(
+    log_dir: &Path,
+    repo: &Arc<dyn object_store::ObjectStore>,
+) -> (BTreeMap<PathBuf, common::Node>, BTreeMap<String, Bytes>) {
+    use futures::TryStreamExt;
+    use object_store::ObjectStoreExt;
+    let mut objects = BTreeMap::new();
+    let listed: Vec<_> = repo.list(None).try_collect().await.unwrap();
+    for meta in listed {
+        let bytes = repo
+            .get(&meta.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        objects.insert(meta.location.to_string(), bytes);
+    }
+    (common::tree(log_dir), objects)
+}
+
 async fn model_run<F: StoreFormat + 'static>(ops: Vec<Op>, seed: u64, make: Make<F>) {
     let World {
         dir,
         m,
         log,
+        base,
         mut history,
         mut rng,
         mut owner,
@@ -1151,7 +1210,7 @@ async fn model_run<F: StoreFormat + 'static>(ops: Vec<Op>, seed: u64, make: Make
             }
             Op::Snapshot => {}
             Op::Start if sb.is_none() => {
-                let s = m.standby(make(view.clone(), dir.path().join("s"))).unwrap();
+                let s = start_standby(&m, || make(view.clone(), dir.path().join("s"))).await;
                 if !view.down.load(Ordering::SeqCst) {
                     s.ready(Duration::from_secs(60)).await.unwrap();
                 }
@@ -1165,12 +1224,53 @@ async fn model_run<F: StoreFormat + 'static>(ops: Vec<Op>, seed: u64, make: Make
                 Some(Err(e)) => assert_eq!(e.kind(), ErrorKind::Transient),
                 None => {}
             },
+            Op::Drop => {
+                if let Some(s) = sb.take() {
+                    let before = written(&dir.path().join("log"), &base).await;
+                    drop(s);
+                    let after = written(&dir.path().join("log"), &base).await;
+                    assert!(
+                        before == after,
+                        "a dropped standby wrote to the log or the repository"
+                    );
+                }
+            }
+            Op::RefusedPromotion => {
+                if let Some(s) = sb.take() {
+                    let was_down = view.down.load(Ordering::SeqCst);
+                    view.set_down(true);
+                    let before = written(&dir.path().join("log"), &base).await;
+                    match s.promote(Duration::from_millis(200)).await {
+                        Ok(_) => panic!("a standby cut off from its log was promoted"),
+                        // Refused for either of two reasons: the owner is
+                        // still open in this manager (`config`), or the
+                        // log cannot be reached (`transient`).
+                        Err(e) => {
+                            assert!(
+                                matches!(e.error.kind(), ErrorKind::Transient | ErrorKind::Config),
+                                "{}",
+                                e.error
+                            );
+                            sb = Some(e.standby);
+                        }
+                    }
+                    let after = written(&dir.path().join("log"), &base).await;
+                    assert!(
+                        before == after,
+                        "a refused promotion wrote to the log or the repository"
+                    );
+                    view.set_down(was_down);
+                    // Not fenced: the owner's next commit goes through.
+                    last = Some(write_batch(&mut owner, &mut history, &mut rng, 1));
+                    dirty = true;
+                }
+            }
         }
     }
     view.set_down(false);
     let sb = match sb {
         Some(s) => s,
-        None => m.standby(make(view.clone(), dir.path().join("s"))).unwrap(),
+        None => start_standby(&m, || make(view.clone(), dir.path().join("s"))).await,
     };
     sb.ready(Duration::from_secs(60)).await.unwrap();
     owner.abandon().await;

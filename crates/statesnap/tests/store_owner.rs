@@ -54,36 +54,15 @@ async fn repo(dir: &Path) -> Repository {
     }
 }
 
-/// Every file under `dir` (relative path → bytes), RocksDB's info logs
-/// left out (a live RocksDB appends to them on its own).
-fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    fn walk(root: &Path, at: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
-        let Ok(rd) = std::fs::read_dir(at) else {
-            return;
-        };
-        for e in rd {
-            let e = e.unwrap();
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().into_owned();
-            let ft = std::fs::symlink_metadata(&p).unwrap().file_type();
-            if ft.is_dir() {
-                walk(root, &p, out);
-            } else if !name.starts_with("LOG") {
-                let bytes = if ft.is_symlink() {
-                    std::fs::read_link(&p)
-                        .unwrap()
-                        .into_os_string()
-                        .into_encoded_bytes()
-                } else {
-                    std::fs::read(&p).unwrap()
-                };
-                out.insert(p.strip_prefix(root).unwrap().to_path_buf(), bytes);
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
+/// Every entry under `dir` (`common::tree`), RocksDB's info logs left out
+/// (a live RocksDB appends to them on its own).
+fn tree(dir: &Path) -> BTreeMap<PathBuf, common::Node> {
+    let mut t = common::tree(dir);
+    t.retain(|p, _| {
+        p.file_name()
+            .is_none_or(|n| !n.to_string_lossy().starts_with("LOG"))
+    });
+    t
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -70,6 +70,9 @@ pub fn report_or_logs<T, E: std::fmt::Display>(result: Result<T, E>, dir: &std::
     match result {
         Ok(r) => r,
         Err(e) => {
+            // The error first: a CI excerpt that keeps only the head and
+            // the tail of the output still shows it.
+            eprintln!("scenario failed: {e}");
             print_logs(dir);
             panic!("scenario failed: {e}");
         }

@@ -1,7 +1,7 @@
 //! Helpers the CLI's test files share (`mod common;`).
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use assert_cmd::Command;
@@ -48,41 +48,10 @@ pub fn run_json_args(args: &[&str], code: i32) -> serde_json::Value {
     json_of(&out)
 }
 
-/// What is at a path, links not followed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Node {
-    Dir,
-    File(Vec<u8>),
-    Link(PathBuf),
-    Other,
-}
-
-/// Every entry under `root` and `root` itself (as ``), by relative path:
-/// names, kinds, bytes and link targets.
-pub fn tree(root: &Path) -> std::collections::BTreeMap<PathBuf, Node> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let p = root.join(&rel);
-        let Ok(m) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        let node = if m.file_type().is_symlink() {
-            Node::Link(std::fs::read_link(&p).expect("read_link"))
-        } else if m.is_dir() {
-            for e in std::fs::read_dir(&p).expect("read_dir") {
-                stack.push(rel.join(e.expect("entry").file_name()));
-            }
-            Node::Dir
-        } else if m.is_file() {
-            Node::File(std::fs::read(&p).expect("read"))
-        } else {
-            Node::Other
-        };
-        out.insert(rel, node);
-    }
-    out
-}
+// The library tests' directory-as-data helper, one copy for both crates.
+#[path = "../../../statesnap/tests/common/tree.rs"]
+mod tree_impl;
+pub use tree_impl::{Node, tree};
 
 /// A user's directory (not a store) at `dir`.
 pub fn foreign_dir(dir: &Path) {

@@ -541,19 +541,27 @@ impl StateManager {
     /// Claims directory `canonical` for `key`'s handle: two specs naming
     /// one directory would each replace the other's store.
     fn register_dir(&self, canonical: &std::path::Path, key: &StoreKey, by: DirUse) -> Result<()> {
+        // A second standby in a live standby's place is a mistake; in the
+        // place of a dropped one still ending its last step, it only has
+        // to wait. (Read before `dirs` is locked: `standbys` has its own.)
+        let live_standby =
+            by == DirUse::Standby && self.standbys().iter().any(|s| s.store_key == *key);
         let mut dirs = lock(&self.inner.dirs);
         if let Some((other, DirUse::Standby)) = dirs.get(canonical)
             && other == key
-            && by == DirUse::Handle
+            && (by == DirUse::Handle || (by == DirUse::Standby && !live_standby))
         {
             // A standby of this very store: it is promoted, or, dropped,
             // lets go once its current step has ended.
+            let instead = match by {
+                DirUse::Handle => "promote the standby instead of opening, or retry",
+                _ => "retry",
+            };
             return Err(Error::new(
                 ErrorKind::Transient,
                 format!(
                     "store directory is held by a standby of the same store in this manager \
-                     dir=`{}` store_key=`{key}`; promote the standby instead of opening, or retry \
-                     once the dropped standby has let go",
+                     dir=`{}` store_key=`{key}`; {instead} once the dropped standby has let go",
                     canonical.display()
                 ),
             )

@@ -1,16 +1,19 @@
 //! Helpers shared by the integration tests (`mod common;` in each file that
 //! uses them). Each test binary compiles its own copy and uses a part of it.
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(dead_code, unused_imports, clippy::unwrap_used)]
 
 pub mod data;
 pub mod recorder;
+pub mod tree;
+
+pub use tree::{Node, tree};
 
 use bytes::Bytes;
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use statesnap::changelog::file::{FileChangelog, FileChangelogOptions};
@@ -25,6 +28,16 @@ use statesnap::restore::{
 use statesnap::store::LoggedStore;
 use statesnap::store::MemoryStore;
 use statesnap::store::{StateStore, StateStoreExt};
+
+/// This package's directory, read when the test runs (`cargo test` sets
+/// `CARGO_MANIFEST_DIR` for the test process too). The value compiled in is
+/// the directory the binary was built from, which need not be this
+/// checkout: clones sharing one target directory reuse each other's test
+/// binaries when no source file is newer.
+pub fn package_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
 
 /// A model of a store's contents.
 pub type Kv = BTreeMap<Bytes, Bytes>;
