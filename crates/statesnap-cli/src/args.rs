@@ -157,6 +157,19 @@ pub struct ShowArgs {
     /// Snapshot id, or `latest`.
     #[arg(value_name = "ID")]
     pub id: String,
+    #[command(flatten)]
+    pub live: LiveArg,
+}
+
+/// Which changelog incarnation `latest` means.
+#[derive(Debug, Clone, Args)]
+pub struct LiveArg {
+    /// The store's changelog (file://DIR or kafka://HOST:PORT/TOPIC/PARTITION):
+    /// `latest` is then the newest snapshot of its current incarnation, and
+    /// an error if it has none. Without it, `latest` is the newest snapshot
+    /// of the incarnation of the most recently created snapshot.
+    #[arg(long, value_name = "URL")]
+    pub changelog: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -175,6 +188,11 @@ pub struct VerifyArgs {
     /// it is refused rather than ignored).
     #[arg(long, value_name = "ID", requires_all = ["store", "deep"])]
     pub snapshot: Option<String>,
+    /// With --deep and a STORE: the store's changelog (file://DIR or
+    /// kafka://HOST:PORT/TOPIC/PARTITION); the newest snapshot is then that
+    /// of its current incarnation.
+    #[arg(long, value_name = "URL", requires_all = ["store", "deep"])]
+    pub changelog: Option<String>,
     /// Move bad blobs to the store's quarantine (the next snapshot uploads
     /// them again).
     #[arg(long)]
@@ -276,6 +294,8 @@ pub struct GetArgs {
     pub store: StoreArg,
     #[command(flatten)]
     pub snapshot: SnapshotArg,
+    #[command(flatten)]
+    pub live: LiveArg,
     /// The key (UTF-8; with --hex, hex digits).
     pub key: String,
     /// KEY is hex, and values print as hex.
@@ -291,6 +311,8 @@ pub struct ScanArgs {
     pub store: StoreArg,
     #[command(flatten)]
     pub snapshot: SnapshotArg,
+    #[command(flatten)]
+    pub live: LiveArg,
     /// Only keys starting with this (UTF-8; with --hex, hex digits).
     #[arg(long, value_name = "PREFIX")]
     pub prefix: Option<String>,
@@ -314,6 +336,8 @@ pub struct DiffArgs {
     /// The newer snapshot id (or `latest`).
     #[arg(value_name = "ID2")]
     pub to: String,
+    #[command(flatten)]
+    pub live: LiveArg,
     /// Keys of each kind shown as a sample.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub sample: usize,

@@ -1296,6 +1296,62 @@ fn retain_dry_run_counts_unreferenced_blobs_the_grace_protects() {
     assert_eq!(gc["stores"][0]["blobs_too_young"], 0, "{gc}");
 }
 
+/// `gc --dry-run` right after a `retain` that condemned blobs says they
+/// are waiting out the grace period (it said "0 B condemned" and nothing
+/// of them), and a dry run never says it freed anything.
+#[test]
+fn gc_after_retain_reports_the_blobs_waiting_out_their_grace() {
+    let f = fixture();
+    // A short grace (its floor is twice --max-commit), and blobs older
+    // than it, so `retain` condemns the dropped snapshot's own blobs.
+    let fast = ["--max-commit", "1s", "--grace", "2s"];
+    std::thread::sleep(Duration::from_millis(2500));
+    let retain = run_json(
+        &f,
+        &[&["retain", STORE, "--keep-last", "1"][..], &fast].concat(),
+        0,
+    );
+    let condemned = retain["stores"][0]["blobs_condemned"].as_u64().unwrap();
+    assert!(condemned > 0, "{retain}");
+    let gc = run_json(&f, &[&["gc", "--dry-run"][..], &fast].concat(), 0);
+    let s = &gc["stores"][0];
+    assert_eq!(s["blobs_pending"].as_u64(), Some(condemned), "{gc}");
+    assert!(s["bytes_pending"].as_u64().unwrap() > 0, "{gc}");
+    assert!(s["pending_ripe_at_ms"].as_i64().is_some(), "{gc}");
+    assert_eq!(s["blobs_deleted"], 0, "{gc}");
+    let text = statesnap_clean_env()
+        .args(["gc", "--dry-run", "--repo", &f.repo_url])
+        .args(fast)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.contains(&format!("{condemned} blobs ("))
+            && text.contains("waiting out the grace period"),
+        "{text}"
+    );
+    assert!(text.contains("would be freed now"), "{text}");
+    // Once the grace has passed, the dry run counts them as what a run
+    // would delete, and still changes nothing.
+    std::thread::sleep(Duration::from_millis(2500));
+    let gc = run_json(&f, &[&["gc", "--dry-run"][..], &fast].concat(), 0);
+    assert_eq!(
+        gc["stores"][0]["blobs_deleted"].as_u64(),
+        Some(condemned),
+        "{gc}"
+    );
+    assert_eq!(gc["stores"][0]["blobs_pending"], 0, "{gc}");
+    let again = run_json(&f, &[&["gc", "--dry-run"][..], &fast].concat(), 0);
+    assert_eq!(
+        again["stores"][0]["blobs_deleted"].as_u64(),
+        Some(condemned),
+        "{again}"
+    );
+}
+
 /// A warning the command reports itself (verify's bad blob) is printed
 /// once, on stdout, not again as a log line on stderr; and nothing on a
 /// non-terminal stderr carries colour codes.
@@ -1895,6 +1951,63 @@ fn latest_is_the_newest_snapshot_of_the_live_changelog() {
         .assert()
         .success()
         .stderr(predicate::str::contains("span 2 changelog incarnations"));
+    // Named by its changelog, `latest` is that incarnation's newest, for
+    // every read command.
+    let log_url = |d: &str| format!("file://{}", root.join(d).display());
+    let by_old = run_json_args(
+        &[
+            "show",
+            STORE,
+            "latest",
+            "--changelog",
+            &log_url("log-old"),
+            "--repo",
+            &repo_url,
+        ],
+        0,
+    );
+    assert_eq!(by_old["snapshot_id"], old["id"], "{by_old}");
+    for (log, want) in [("log-old", "29"), ("log-new", "1")] {
+        let got = run_json_args(
+            &[
+                "get",
+                STORE,
+                "user-07",
+                "--changelog",
+                &log_url(log),
+                "--repo",
+                &repo_url,
+            ],
+            0,
+        );
+        assert_eq!(got["value"]["utf8"], want, "{log}: {got}");
+    }
+    // A changelog recreated once more, with no snapshot yet: a clear
+    // not-found, never another incarnation's data.
+    use statesnap::changelog::Changelog as _;
+    let third = FileChangelog::open(
+        root.join("log-third"),
+        StoreKey::new("shop", "carts", 0).unwrap().changelog_id(),
+        Default::default(),
+    )
+    .unwrap();
+    third
+        .append(&[statesnap::changelog::Record::put("user-07", "x")])
+        .unwrap();
+    drop(third);
+    for args in [
+        vec!["get", STORE, "user-07"],
+        vec!["scan", STORE],
+        vec!["show", STORE, "latest"],
+        vec!["verify", STORE, "--deep"],
+    ] {
+        statesnap()
+            .args(&args)
+            .args(["--changelog", &log_url("log-third"), "--repo", &repo_url])
+            .assert()
+            .code(4)
+            .stderr(predicate::str::contains("current incarnation"));
+    }
     // Retention agrees: the old incarnation's snapshot is the one it drops.
     let retain = run_json_args(
         &[

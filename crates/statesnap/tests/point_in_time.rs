@@ -231,9 +231,16 @@ async fn the_plan_refuses_with_the_exact_points_and_skips_later_snapshots_silent
     let p = plan(99).await.unwrap();
     assert_eq!(p.chosen().unwrap().source.start_offset(), Some(99));
     assert_eq!(p.chosen().unwrap().records_to_replay, 0);
-    // Between snapshots: refused, stale.
+    // Between snapshots: refused, stale, naming every exact point in time
+    // in ascending order — the snapshots after the point too (each is
+    // exact at its own offset).
     let e = plan(120).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Stale, "{e}");
+    assert!(
+        e.to_string()
+            .contains("the exact points in time are offsets 49, 99 and 149, and "),
+        "{e}"
+    );
     // Nothing older than the point can stand in either: every candidate
     // below it is listed with a stale verdict when some source is exact.
     let p = plan(149).await.unwrap();

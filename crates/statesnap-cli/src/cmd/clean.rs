@@ -39,6 +39,9 @@ fn print(reports: &[GcReport], dry_run: bool, grace: Duration, out: Out) {
                 "blobs_spared": r.blobs_spared,
                 "blobs_too_young": r.blobs_too_young,
                 "bytes_too_young": r.bytes_too_young,
+                "blobs_pending": r.blobs_pending,
+                "bytes_pending": r.bytes_pending,
+                "pending_ripe_at_ms": r.pending_ripe_at_ms,
             })).collect::<Vec<_>>(),
         }));
         return;
@@ -83,19 +86,51 @@ fn print(reports: &[GcReport], dry_run: bool, grace: Duration, out: Out) {
             out::duration(grace),
         );
     }
+    // Blobs earlier runs condemned, still waiting out their grace: a
+    // later run deletes them, and says nothing of them until then.
+    let pending: usize = reports.iter().map(|r| r.blobs_pending).sum();
+    if pending > 0 {
+        let pending_bytes: u64 = reports.iter().map(|r| r.bytes_pending).sum();
+        let ripe = reports.iter().filter_map(|r| r.pending_ripe_at_ms).min();
+        let when = match ripe {
+            Some(at) => {
+                let now = statesnap::clock::Clock::now_ms(&*statesnap::clock::system_clock());
+                let wait_ms = at.saturating_sub(now);
+                let wait = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
+                if wait.is_zero() {
+                    "the next gc run deletes them".to_owned()
+                } else {
+                    format!(
+                        "a gc run {} from now or later deletes the first of them",
+                        out::duration(wait)
+                    )
+                }
+            }
+            None => "a later gc run deletes them once they are sealed".to_owned(),
+        };
+        crate::outln!(
+            "{pending} blobs ({}) condemned by earlier runs are waiting out the grace period; {when}",
+            out::bytes(pending_bytes),
+        );
+    }
     let condemned: u64 = reports.iter().map(|r| r.bytes_condemned).sum();
     let freed: u64 = reports.iter().map(|r| r.bytes_deleted).sum();
-    crate::outln!(
-        "{} freed now; {} condemned, deleted by a gc run {} from now or later{}",
-        out::bytes(freed),
-        out::bytes(condemned),
-        out::duration(grace),
-        if dry_run {
-            " (dry run: nothing changed)"
-        } else {
-            ""
-        }
-    );
+    if dry_run {
+        crate::outln!(
+            "{} would be freed now; {} would be condemned, deleted by a gc run {} after that or \
+             later (dry run: nothing changed)",
+            out::bytes(freed),
+            out::bytes(condemned),
+            out::duration(grace),
+        );
+    } else {
+        crate::outln!(
+            "{} freed now; {} condemned, deleted by a gc run {} from now or later",
+            out::bytes(freed),
+            out::bytes(condemned),
+            out::duration(grace),
+        );
+    }
 }
 
 pub async fn retain(a: &RetainArgs, out: Out) -> Result<ExitCode> {

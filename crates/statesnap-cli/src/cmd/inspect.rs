@@ -218,7 +218,7 @@ fn list_text(listing: &Listing, verdicts: Option<&Verdicts>, now: i64, out: Out)
 pub async fn show(a: &ShowArgs, out: Out) -> Result<ExitCode> {
     let repo = open_repo(&a.repo).await?;
     let sk = store_key(&a.store.store)?;
-    let s = snapshot(&repo, &sk, &a.id).await?;
+    let s = snapshot(&repo, &sk, &a.id, a.live.changelog.as_deref()).await?;
     let m = &s.manifest;
     if out.json {
         out.json(&serde_json::to_value(m).map_err(|e| {

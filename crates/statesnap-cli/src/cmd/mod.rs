@@ -56,15 +56,44 @@ pub fn store_key(s: &str) -> Result<StoreKey> {
 }
 
 /// Snapshot `id` of `sk` (`latest`: the newest valid one of the live
-/// changelog incarnation, as restore and retention mean it). When the
-/// store's snapshots span several incarnations, a note on stderr says which
-/// one `latest` took. When the store has no snapshots at all, the
-/// not-found error names similar stores.
-pub async fn snapshot(repo: &Repository, sk: &StoreKey, id: &str) -> Result<SnapshotInfo> {
+/// changelog incarnation, as restore and retention mean it). With `live`,
+/// the store's changelog URL, the live incarnation is the changelog's
+/// current one, and `latest` is not found when none of its snapshots
+/// belongs to it. Without, it is that of the most recently created
+/// snapshot, and when the store's snapshots span several incarnations a
+/// note on stderr says which one `latest` took. When the store has no
+/// snapshots at all, the not-found error names similar stores.
+pub async fn snapshot(
+    repo: &Repository,
+    sk: &StoreKey,
+    id: &str,
+    live: Option<&str>,
+) -> Result<SnapshotInfo> {
     if let Some(id) = snapshot_id(id)? {
         return repo.catalog().get_snapshot(sk, id).await;
     }
     let listing = repo.catalog().list_snapshots(sk).await?;
+    if let Some(url) = live {
+        let log = changelog(url, sk)?;
+        let lineage = log.lineage()?;
+        if let Some(latest) = listing.latest_of(&lineage) {
+            return Ok(latest.clone());
+        }
+        if !listing.snapshots.is_empty() {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "no snapshot of the store belongs to its changelog's current incarnation \
+                     store_key=`{sk}` changelog=`{url}` lineage=`{lineage}`; its {} valid \
+                     snapshots belong to {} other incarnation(s), so the changelog was recreated \
+                     after them and a restore replays it from its start (name a snapshot id to \
+                     read an old one; `statesnap list --changelog` shows which)",
+                    listing.snapshots.len(),
+                    listing.lineages()
+                ),
+            ));
+        }
+    }
     if let Some(latest) = listing.latest() {
         let lineages = listing.lineages();
         if lineages > 1 {

@@ -25,7 +25,13 @@ fn arg_bytes(s: &str, hex: bool) -> Result<Vec<u8>> {
 pub async fn get(a: &GetArgs, out: Out) -> Result<ExitCode> {
     let repo = open_repo(&a.repo).await?;
     let sk = store_key(&a.store.store)?;
-    let s = snapshot(&repo, &sk, &a.snapshot.snapshot).await?;
+    let s = snapshot(
+        &repo,
+        &sk,
+        &a.snapshot.snapshot,
+        a.live.changelog.as_deref(),
+    )
+    .await?;
     let key = arg_bytes(&a.key, a.hex)?;
     let kind = FormatKind::named(&s.manifest.store_format.name)?;
     let (_guard, dir) = super::scratch()?;
@@ -61,7 +67,13 @@ pub async fn get(a: &GetArgs, out: Out) -> Result<ExitCode> {
 pub async fn scan(a: &ScanArgs, out: Out) -> Result<ExitCode> {
     let repo = open_repo(&a.repo).await?;
     let sk = store_key(&a.store.store)?;
-    let s = snapshot(&repo, &sk, &a.snapshot.snapshot).await?;
+    let s = snapshot(
+        &repo,
+        &sk,
+        &a.snapshot.snapshot,
+        a.live.changelog.as_deref(),
+    )
+    .await?;
     let prefix = a
         .prefix
         .as_deref()
@@ -186,8 +198,9 @@ fn internal() -> Error {
 pub async fn diff(a: &DiffArgs, out: Out) -> Result<ExitCode> {
     let repo = open_repo(&a.repo).await?;
     let sk = store_key(&a.store.store)?;
-    let s1 = snapshot(&repo, &sk, &a.from).await?;
-    let s2 = snapshot(&repo, &sk, &a.to).await?;
+    let live = a.live.changelog.as_deref();
+    let s1 = snapshot(&repo, &sk, &a.from, live).await?;
+    let s2 = snapshot(&repo, &sk, &a.to, live).await?;
     let kind = FormatKind::named(&s1.manifest.store_format.name)?;
     if s2.manifest.store_format.name != s1.manifest.store_format.name {
         return Err(Error::new(

@@ -81,10 +81,17 @@ async fn deep_checks(a: &VerifyArgs, repo: &statesnap::Repository, out: Out) -> 
     };
     for sk in stores {
         let id = a.snapshot.as_deref().unwrap_or("latest");
-        let s = match snapshot(repo, &sk, id).await {
+        let s = match snapshot(repo, &sk, id, a.changelog.as_deref()).await {
             Ok(s) => s,
-            // A store without a valid snapshot has nothing to restore.
-            Err(e) if e.kind() == ErrorKind::NotFound && a.snapshot.is_none() => continue,
+            // A store without a valid snapshot has nothing to restore (one
+            // asked for by id or by its changelog must be there).
+            Err(e)
+                if e.kind() == ErrorKind::NotFound
+                    && a.snapshot.is_none()
+                    && a.changelog.is_none() =>
+            {
+                continue;
+            }
             Err(e) => return Err(e),
         };
         let spinner = out.spinner(&format!("restoring {sk} snapshot {}", s.id()));

@@ -110,6 +110,16 @@ pub struct GcReport {
     pub blobs_too_young: usize,
     /// Bytes of those blobs.
     pub bytes_too_young: u64,
+    /// Blobs condemned by earlier runs whose records have not yet waited
+    /// out the grace period: a later run deletes them (unless a manifest
+    /// references them again by then).
+    pub blobs_pending: usize,
+    /// Bytes of those blobs.
+    pub bytes_pending: u64,
+    /// When the first of those records is ripe (gc clock, ms): a run that
+    /// starts listing at or after it deletes its blobs. `None` when none
+    /// is pending or a pending record is not yet sealed.
+    pub pending_ripe_at_ms: Option<i64>,
     /// Records sealed by this run.
     pub records_sealed: usize,
     /// Records swept and removed by this run.
@@ -486,11 +496,18 @@ impl GcPass<'_> {
         let mut swept: BTreeSet<BlobHash> = BTreeSet::new();
         let mut ripe_records = Vec::new();
         for (key, rec) in records {
-            let ripe = rec
-                .sealed_at
-                .is_some_and(|s| s.saturating_add(self.grace) <= t_list);
-            if !ripe {
-                pending.extend(rec.blobs.iter().map(|b| b.blake3));
+            let ripe_at = rec.sealed_at.map(|s| s.saturating_add(self.grace));
+            if ripe_at.is_none_or(|r| r > t_list) {
+                for b in &rec.blobs {
+                    if pending.insert(b.blake3) && !referenced.contains(&b.blake3) {
+                        self.report.blobs_pending += 1;
+                        self.report.bytes_pending += b.size;
+                    }
+                }
+                if let Some(r) = ripe_at {
+                    self.report.pending_ripe_at_ms =
+                        Some(self.report.pending_ripe_at_ms.map_or(r, |p| p.min(r)));
+                }
                 continue;
             }
             for b in &rec.blobs {

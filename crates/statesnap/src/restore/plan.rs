@@ -366,6 +366,41 @@ fn check_point_in_time<C: Changelog + ?Sized>(
     }
 }
 
+/// Every exact point in time, for people: the offsets of usable snapshots
+/// (each exact at its own offset) in ascending order, then the stretch at
+/// the log's end that replay reaches exactly, if any ("offsets 412, 905
+/// and 1398, and any offset from 2473 to 2480").
+fn exact_points_text(points: &[u64], tail: Option<(u64, u64)>) -> String {
+    let mut points: Vec<u64> = points.to_vec();
+    points.sort_unstable();
+    points.dedup();
+    // The stretch covers the snapshots inside it.
+    if let Some((from, _)) = tail {
+        points.retain(|&o| o < from);
+    }
+    let listed = match points.as_slice() {
+        [] => None,
+        [one] => Some(format!("offset {one}")),
+        [init @ .., last] => {
+            let init: Vec<String> = init.iter().map(u64::to_string).collect();
+            Some(format!("offsets {} and {last}", init.join(", ")))
+        }
+    };
+    let stretch = tail.map(|(from, to)| {
+        if from == to {
+            format!("offset {from} (the log's last)")
+        } else {
+            format!("any offset from {from} to {to} (the log's end)")
+        }
+    });
+    match (listed, stretch) {
+        (Some(l), Some(s)) => format!("{l}, and {s}"),
+        (Some(l), None) => l,
+        (None, Some(s)) => s,
+        (None, None) => "none: restore the newest state instead".to_owned(),
+    }
+}
+
 /// The refusal of a point in time that no source gives exactly, naming
 /// the points in time that are exact.
 fn no_exact_source<C: Changelog + ?Sized>(
@@ -381,24 +416,16 @@ fn no_exact_source<C: Changelog + ?Sized>(
         ));
     };
     let horizon = facts.horizon(changelog).ok().copied().unwrap_or_default();
-    // The nearest snapshots below the point in time (newest first).
-    let mut exact: Vec<String> = exact_points.iter().take(5).map(|o| o.to_string()).collect();
     let from = horizon.superseded_before.saturating_sub(1);
-    if from < facts.end {
-        exact.push(format!("{from}..={}", facts.end.saturating_sub(1)));
-    }
+    let tail = (from < facts.end).then(|| (from, facts.end.saturating_sub(1)));
     Error::stale(format!(
         "the state at this point in time cannot be rebuilt exactly: compaction may have removed \
          records at or before it that a later write replaced, and no snapshot sits exactly there \
-         store_key=`{store_key}` changelog=`{}` until={u} superseded_before={}; exact points in \
-         time: {}",
+         store_key=`{store_key}` changelog=`{}` until={u} superseded_before={}; the exact points \
+         in time are {}",
         facts.id(),
         horizon.superseded_before,
-        if exact.is_empty() {
-            "none".to_owned()
-        } else {
-            exact.join(", ")
-        }
+        exact_points_text(exact_points, tail)
     ))
     .with_reason(crate::Reason::BelowHorizon)
 }
@@ -566,8 +593,8 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
     let mut steps = Vec::new();
     let mut manifests = Vec::new();
     let mut local_placed = false;
-    // Usable snapshots refused only because the point in time lies past
-    // them: each is exact at its own offset.
+    // Usable snapshots that are not sources only because the point in
+    // time lies before or past them: each is exact at its own offset.
     let mut exact_points = Vec::new();
     for snap in listing.snapshots.iter().rev() {
         let source = Source::Snapshot {
@@ -575,8 +602,12 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
             offset: snap.offset(),
         };
         // A snapshot after the point in time is no candidate, and nothing
-        // is wrong with it: it is not listed as rejected.
+        // is wrong with it: it is not listed as rejected. Usable, it is an
+        // exact point in time a refusal can name.
         if until.is_some_and(|u| snap.offset() > u) {
+            if check_usable(format, snap, changelog, facts).is_ok() {
+                exact_points.push(snap.offset());
+            }
             continue;
         }
         if let Err(e) = check_usable(format, snap, changelog, facts) {
