@@ -240,6 +240,21 @@ fn plan_and_restore_agree_and_restore_refuses_a_non_empty_target() {
     assert_eq!(plan["chosen"]["source"]["id"], ids[2].as_str());
     assert_eq!(plan["chosen"]["records_to_replay"], 0);
     assert!(plan["estimated_seconds"].as_f64().unwrap() >= 0.0);
+    // The estimate says what it assumed.
+    assert!(
+        plan["estimate_rates"]["download_bytes_per_sec"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{plan}"
+    );
+    assert!(
+        plan["estimate_rates"]["replay_records_per_sec"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{plan}"
+    );
 
     let target = f.path("restored");
     let r = run_json(
@@ -441,6 +456,9 @@ fn retain_gc_and_clone_say_what_they_do() {
         .collect();
     assert_eq!(dropped.len(), 2, "{dry}");
     assert!(!dropped.contains(&ids[2].as_str()));
+    for d in dry["stores"][0]["manifests_deleted"].as_array().unwrap() {
+        assert_eq!(d["reason"], "not among the newest 1 snapshots", "{dry}");
+    }
     // Nothing changed.
     assert_eq!(snapshot_ids(&f).len(), 3);
     let done = run_json(&f, &["retain", STORE, "--keep-last", "1"], 0);
@@ -2029,4 +2047,9 @@ fn latest_is_the_newest_snapshot_of_the_live_changelog() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(deleted, vec![old_id], "{retain}");
+    // And says why, in words (it said the manifest's path).
+    let why = retain["stores"][0]["manifests_deleted"][0]["reason"]
+        .as_str()
+        .unwrap();
+    assert!(why.starts_with("of another changelog incarnation"), "{why}");
 }

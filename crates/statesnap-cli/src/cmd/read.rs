@@ -7,11 +7,12 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use serde_json::json;
+use statesnap::repo::SnapshotInfo;
 use statesnap::restore::open_snapshot;
-use statesnap::{Error, ErrorKind, Result, StateStore, StateStoreExt};
+use statesnap::{Error, ErrorKind, Repository, Result, StateStore, StateStoreExt, StoreKey};
 
 use super::{FormatKind, open_repo, snapshot, store_key, with_format};
-use crate::args::{DiffArgs, GetArgs, ScanArgs};
+use crate::args::{DiffArgs, GetArgs, LiveArg, RepoArgs, ScanArgs, SnapshotArg, StoreArg};
 use crate::out::{self, Out};
 
 fn arg_bytes(s: &str, hex: bool) -> Result<Vec<u8>> {
@@ -22,16 +23,27 @@ fn arg_bytes(s: &str, hex: bool) -> Result<Vec<u8>> {
     }
 }
 
-pub async fn get(a: &GetArgs, out: Out) -> Result<ExitCode> {
-    let repo = open_repo(&a.repo).await?;
-    let sk = store_key(&a.store.store)?;
+/// The repository, store and snapshot a read command names.
+async fn chosen(
+    repo: &RepoArgs,
+    store: &StoreArg,
+    snapshot_arg: &SnapshotArg,
+    live: &LiveArg,
+) -> Result<(Repository, StoreKey, SnapshotInfo)> {
+    let repo = open_repo(repo).await?;
+    let sk = store_key(&store.store)?;
     let s = snapshot(
         &repo,
         &sk,
-        &a.snapshot.snapshot,
-        a.live.changelog.as_deref(),
+        &snapshot_arg.snapshot,
+        live.changelog.as_deref(),
     )
     .await?;
+    Ok((repo, sk, s))
+}
+
+pub async fn get(a: &GetArgs, out: Out) -> Result<ExitCode> {
+    let (repo, sk, s) = chosen(&a.repo, &a.store, &a.snapshot, &a.live).await?;
     let key = arg_bytes(&a.key, a.hex)?;
     let kind = FormatKind::named(&s.manifest.store_format.name)?;
     let (_guard, dir) = super::scratch()?;
@@ -65,15 +77,7 @@ pub async fn get(a: &GetArgs, out: Out) -> Result<ExitCode> {
 }
 
 pub async fn scan(a: &ScanArgs, out: Out) -> Result<ExitCode> {
-    let repo = open_repo(&a.repo).await?;
-    let sk = store_key(&a.store.store)?;
-    let s = snapshot(
-        &repo,
-        &sk,
-        &a.snapshot.snapshot,
-        a.live.changelog.as_deref(),
-    )
-    .await?;
+    let (repo, _, s) = chosen(&a.repo, &a.store, &a.snapshot, &a.live).await?;
     let prefix = a
         .prefix
         .as_deref()

@@ -247,16 +247,7 @@ impl<'a> Maintenance<'a> {
         let grace = ms(opts.grace);
         let budget = ms(self.repo.max_commit_duration);
         if grace <= 0 || budget.saturating_mul(2) > grace {
-            let human = |ms: i64| {
-                let s = ms.max(0) / 1000;
-                match (s / 3600, s % 3600 / 60, s % 60) {
-                    (0, 0, s) => format!("{s}s"),
-                    (0, m, 0) => format!("{m}m"),
-                    (0, m, s) => format!("{m}m{s}s"),
-                    (h, 0, 0) => format!("{h}h"),
-                    (h, m, _) => format!("{h}h{m}m"),
-                }
-            };
+            let human = human_ms;
             return Err(Error::config(format!(
                 "the gc grace period ({}) must be at least twice the longest a snapshot commit may \
                  take ({}), so at least {}: a blob a commit in flight uploaded is never collected \
@@ -336,6 +327,51 @@ impl<'a> Maintenance<'a> {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(map_store_error(e, &format!("cannot delete key=`{key}`"))),
         }
+    }
+}
+
+/// A duration in milliseconds for people: `45s`, `20m`, `1h30m`, `7d`.
+fn human_ms(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match (s / 86_400, s % 86_400 / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, 0, s) => format!("{s}s"),
+        (0, 0, m, 0) => format!("{m}m"),
+        (0, 0, m, s) => format!("{m}m{s}s"),
+        (0, h, 0, _) => format!("{h}h"),
+        (0, h, m, _) => format!("{h}h{m}m"),
+        (d, 0, _, _) => format!("{d}d"),
+        (d, h, _, _) => format!("{d}d{h}h"),
+    }
+}
+
+/// Why retention dropped snapshot `s`, for people (the report's reason).
+fn drop_text(
+    why: Option<retention::DropReason>,
+    policy: &RetentionPolicy,
+    s: &super::SnapshotInfo,
+    live: Option<&crate::changelog::Lineage>,
+) -> String {
+    use retention::DropReason;
+    let age = policy
+        .keep_newer_than
+        .map(|d| format!("older than {}", human_ms(ms(d))));
+    match why {
+        Some(DropReason::Expired) => match (policy.keep_last, age) {
+            (Some(n), Some(age)) => format!("not among the newest {n} snapshots, and {age}"),
+            (Some(n), None) => format!("not among the newest {n} snapshots"),
+            (None, Some(age)) => age,
+            (None, None) => "expired".to_owned(),
+        },
+        Some(DropReason::DeadLineage) => format!(
+            "of another changelog incarnation (lineage {}; the live one, that of the newest \
+             snapshot, is {})",
+            s.manifest.changelog.lineage,
+            live.map_or_else(|| "unknown".to_owned(), ToString::to_string)
+        ),
+        Some(DropReason::LostHistory) => {
+            "its offset lies in history the changelog lost and handed out again".to_owned()
+        }
+        None => "dropped by retention".to_owned(),
     }
 }
 
@@ -470,9 +506,17 @@ impl GcPass<'_> {
                     .delete_all_ignoring_missing(keys.collect())
                     .await?;
             }
+            let live = listing.live_lineage();
             self.report
                 .manifests_deleted
-                .extend(dropped.iter().map(|s| (s.id(), s.key.clone())));
+                .extend(dropped.iter().map(|s| {
+                    let why = plan
+                        .drop
+                        .iter()
+                        .find(|(d, _)| *d == s.id())
+                        .map(|(_, r)| *r);
+                    (s.id(), drop_text(why, policy, s, live))
+                }));
             kept = still;
         }
         let referenced: BTreeSet<BlobHash> = kept
