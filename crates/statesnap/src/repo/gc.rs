@@ -116,9 +116,9 @@ pub struct GcReport {
     pub blobs_pending: usize,
     /// Bytes of those blobs.
     pub bytes_pending: u64,
-    /// When the first of those records is ripe (gc clock, ms): a run that
-    /// starts listing at or after it deletes its blobs. `None` when none
-    /// is pending or a pending record is not yet sealed.
+    /// When the first sealed one of those records is ripe (gc clock, ms):
+    /// a run that starts listing at or after it deletes its blobs. `None`
+    /// when no pending record is sealed yet (a dry run does not seal).
     pub pending_ripe_at_ms: Option<i64>,
     /// Records sealed by this run.
     pub records_sealed: usize,
@@ -247,7 +247,6 @@ impl<'a> Maintenance<'a> {
         let grace = ms(opts.grace);
         let budget = ms(self.repo.max_commit_duration);
         if grace <= 0 || budget.saturating_mul(2) > grace {
-            let human = human_ms;
             return Err(Error::config(format!(
                 "the gc grace period ({}) must be at least twice the longest a snapshot commit may \
                  take ({}), so at least {}: a blob a commit in flight uploaded is never collected \
@@ -255,10 +254,10 @@ impl<'a> Maintenance<'a> {
                  repository commits faster, lower the commit budget to what they use \
                  (RepositoryOptions::max_commit_duration; CLI: --max-commit) grace_ms={grace} \
                  max_commit_ms={budget}",
-                human(grace),
-                human(budget),
-                human(budget.saturating_mul(2)),
-                human(budget.saturating_mul(2)),
+                human_ms(grace),
+                human_ms(budget),
+                human_ms(budget.saturating_mul(2)),
+                human_ms(budget.saturating_mul(2)),
             )));
         }
         let mut pass = GcPass {

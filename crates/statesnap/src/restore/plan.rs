@@ -595,7 +595,9 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
     let mut local_placed = false;
     // Usable snapshots that are not sources only because the point in
     // time lies before or past them: each is exact at its own offset.
+    // Those past it are checked only if the plan is refused (`later`).
     let mut exact_points = Vec::new();
+    let mut later = Vec::new();
     for snap in listing.snapshots.iter().rev() {
         let source = Source::Snapshot {
             id: snap.id(),
@@ -605,9 +607,7 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
         // is wrong with it: it is not listed as rejected. Usable, it is an
         // exact point in time a refusal can name.
         if until.is_some_and(|u| snap.offset() > u) {
-            if check_usable(format, snap, changelog, facts).is_ok() {
-                exact_points.push(snap.offset());
-            }
+            later.push(snap);
             continue;
         }
         if let Err(e) = check_usable(format, snap, changelog, facts) {
@@ -661,6 +661,12 @@ pub(crate) fn plan_with<F: StoreFormat, C: Changelog + ?Sized>(
         Err(e) => rejected.push(rejection(Source::FullReplay, &e)),
     }
     if steps.is_empty() {
+        exact_points.extend(
+            later
+                .into_iter()
+                .filter(|s| check_usable(format, s, changelog, facts).is_ok())
+                .map(|s| s.offset()),
+        );
         return Err(no_exact_source(
             store_key,
             facts,

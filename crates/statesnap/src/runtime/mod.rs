@@ -544,8 +544,11 @@ impl StateManager {
         // A second standby in a live standby's place is a mistake; in the
         // place of a dropped one still ending its last step, it only has
         // to wait. (Read before `dirs` is locked: `standbys` has its own.)
-        let live_standby =
-            by == DirUse::Standby && self.standbys().iter().any(|s| s.store_key == *key);
+        let live_standby = by == DirUse::Standby
+            && lock(&self.inner.standbys)
+                .iter()
+                .filter_map(std::sync::Weak::upgrade)
+                .any(|s| s.is_live_for(key));
         let mut dirs = lock(&self.inner.dirs);
         if let Some((other, DirUse::Standby)) = dirs.get(canonical)
             && other == key

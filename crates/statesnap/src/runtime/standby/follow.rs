@@ -55,6 +55,12 @@ pub(crate) struct Listing {
 }
 
 impl Listing {
+    /// Whether this is a live standby (its handle not yet dropped, promoted
+    /// or given back) of store `key`.
+    pub(crate) fn is_live_for(&self, key: &StoreKey) -> bool {
+        self.key == *key && self.alive.load(Ordering::Acquire)
+    }
+
     /// Its status; `None` once its handle is gone.
     pub(crate) fn status(&self) -> Option<StandbyStatus> {
         self.alive
