@@ -47,7 +47,7 @@ cargo test --release "${FEATURES[@]}" --doc --no-fail-fast
 # Tests that need root (they mount a tmpfs); same build, nothing recompiles.
 if [[ $(id -u) -eq 0 ]]; then
   log "cargo test: the mount-point restore test (root)"
-  cargo test --release "${FEATURES[@]}" --test restore_target -- --ignored mount_point
+  cargo test --release "${FEATURES[@]}" --test integration -- --ignored restore_target::a_mount_point_target
 else
   log "not root: skipping the mount-point restore test (restore_target, ignored)"
 fi

@@ -40,7 +40,7 @@ type Mock = rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultPro
 fn bootstrap(mock: &mut Option<Mock>) -> Option<String> {
     // Under `cargo test --benches` (no `--bench` argument) these would write
     // and re-read hundreds of thousands of records through the shared broker;
-    // the broker tests in tests/kafka_changelog.rs cover the code paths.
+    // the broker tests in tests/integration/kafka_changelog.rs cover the code paths.
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!("*** kafka benches run only under `cargo bench` ***");
         return None;

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-#[path = "../tests/common/data.rs"]
+#[path = "../tests/integration/common/data.rs"]
 mod data;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};

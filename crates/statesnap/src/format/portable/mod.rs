@@ -26,7 +26,7 @@
 //!   then renamed over the target (the old target moved aside first and put
 //!   back on failure), and reopened with the factory: a crash or an error
 //!   mid-restore leaves the target as it was, never a partial store that
-//!   already claims the snapshot's offset (`tests/portable_restore_crash.rs`
+//!   already claims the snapshot's offset (`tests/integration/portable_restore_crash.rs`
 //!   kills a restore at 17 points). A factory that creates nothing at the
 //!   path it is given (an in-memory store) gets the loaded store directly.
 //!   The factory must open the store *at* the path it is given.
