@@ -74,6 +74,21 @@ impl LogicalDigest {
         self.keys = self.keys.wrapping_add(other.keys);
     }
 
+    /// Takes away every pair `other` holds (which must all have been
+    /// added): the inverse of [`LogicalDigest::merge`]. A digest that
+    /// follows a store's changes subtracts the old pairs of the keys that
+    /// were written and merges their new ones.
+    pub fn subtract(&mut self, other: &LogicalDigest) {
+        let mut borrow = false;
+        for (limb, word) in self.sum.iter_mut().zip(other.sum) {
+            let (s1, b1) = limb.overflowing_sub(word);
+            let (s2, b2) = s1.overflowing_sub(u64::from(borrow));
+            *limb = s2;
+            borrow = b1 || b2;
+        }
+        self.keys = self.keys.wrapping_sub(other.keys);
+    }
+
     /// Live pairs counted.
     pub fn keys(&self) -> u64 {
         self.keys
@@ -207,6 +222,9 @@ mod tests {
             let mut merged = digest(a);
             merged.merge(&digest(b));
             prop_assert_eq!(merged, digest(&v));
+            // Subtracting a part leaves the rest.
+            merged.subtract(&digest(a));
+            prop_assert_eq!(merged, digest(b));
             // Display / parse round trip.
             prop_assert_eq!(d.to_string().parse::<LogicalDigest>().unwrap(), d);
         }

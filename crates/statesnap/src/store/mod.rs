@@ -17,6 +17,8 @@ pub(crate) mod replay;
 pub(crate) mod rocks;
 pub(crate) mod slot;
 pub(crate) mod unsynced;
+#[cfg(feature = "rocksdb")]
+pub(crate) mod written;
 
 pub use logged::{CommitInfo, LoggedStore};
 pub use memory::{MemoryCut, MemoryStore};

@@ -28,6 +28,7 @@ use rocksdb::{
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
+use super::written::Follow;
 use super::{BulkLoader, KvIter, SizeEstimate, StateStore};
 use crate::changelog::{ChangelogBinding, Record};
 use crate::error::{Error, ErrorKind, Result};
@@ -110,6 +111,9 @@ pub struct RocksStore {
     /// The options SST files for [`StateStore::bulk_loader`] are written
     /// with (the database's: same table format, filters, compression).
     sst_options: Box<Options>,
+    /// The keys written since the last cuts, for snapshots whose digest
+    /// follows the changes (`store::written`).
+    follow: Follow,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -195,7 +199,9 @@ impl RocksStore {
                 unsynced,
             )?)
         };
+        let follow = Follow::new(db.latest_sequence_number());
         Ok(RocksStore {
+            follow,
             db,
             path,
             applied_offset,
@@ -235,6 +241,11 @@ impl RocksStore {
     /// under one shared borrow.
     pub fn db(&self) -> &DB {
         &self.db
+    }
+
+    /// What the store wrote since its last cuts (`store::written`).
+    pub(crate) fn follow(&self) -> &Follow {
+        &self.follow
     }
 
     /// Where the store lives.
@@ -284,6 +295,7 @@ const BULK_SST_BYTES: u64 = 256 << 20;
 /// [`RocksStore`]'s [`BulkLoader`]: sorted SST files, ingested at the end.
 struct SstLoader<'a> {
     db: &'a DB,
+    follow: &'a Follow,
     path: &'a Path,
     applied_offset: &'a mut Option<u64>,
     write_opts: &'a WriteOptions,
@@ -345,11 +357,15 @@ impl BulkLoader for SstLoader<'_> {
                 self.files.clone(),
             )
             .map_err(|e| rocks_error("ingest SST files", self.path, e))?;
+        // Ingested files are not followed key by key: the next cut is
+        // scanned (`store::written`).
+        self.follow.lock().lose();
         let mut wb = WriteBatch::default();
         wb.put_cf(cf(META_CF)?, APPLIED_OFFSET_KEY, offset.to_le_bytes());
         self.db
             .write_opt(wb, self.write_opts)
             .map_err(|e| rocks_error("write", self.path, e))?;
+        self.follow.lock().wrote(self.db.latest_sequence_number());
         *self.applied_offset = Some(offset);
         remove_bulk_dir(&self.dir)
     }
@@ -514,9 +530,16 @@ impl StateStore for RocksStore {
         // The offset rides in the same WriteBatch as the data: RocksDB applies
         // (and recovers) a batch all-or-nothing, so they cannot disagree.
         wb.put_cf(meta, APPLIED_OFFSET_KEY, applied_offset.to_le_bytes());
+        // Recorded before the write: a key recorded but not written only
+        // costs a lookup; one written but not recorded would be missed.
+        let mut follow = self.follow.lock();
+        follow.before_write(self.db.latest_sequence_number());
+        follow.record(batch.iter().map(|r| r.key.as_ref()));
         self.db
             .write_opt(wb, &self.write_opts)
             .map_err(|e| rocks_error("write", &self.path, e))?;
+        follow.wrote(self.db.latest_sequence_number());
+        drop(follow);
         self.applied_offset = Some(applied_offset);
         Ok(())
     }
@@ -559,10 +582,12 @@ impl StateStore for RocksStore {
             applied_offset,
             write_opts,
             sst_options,
+            follow,
             ..
         } = self;
         Ok(Box::new(SstLoader {
             db,
+            follow,
             path,
             applied_offset,
             write_opts,
@@ -587,9 +612,14 @@ impl StateStore for RocksStore {
         // flush would otherwise carry an offset without its binding).
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
+        let mut follow = self.follow.lock();
+        follow.before_write(self.db.latest_sequence_number());
         self.db
             .write_opt(wb, &wo)
             .map_err(|e| rocks_error("write binding", &self.path, e))?;
+        // Metadata only: no data key changed.
+        follow.wrote(self.db.latest_sequence_number());
+        drop(follow);
         self.binding = Some(binding.clone());
         Ok(())
     }

@@ -9,6 +9,7 @@ mod common;
 
 mod changelog_conformance;
 mod crash_kill;
+mod digest_follow;
 mod exactness;
 mod file_changelog;
 mod format_conformance;

@@ -817,12 +817,34 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
     // empty `<store>.statesnap-staging` is left beside the store.
     assert!(!root.exists());
 
-    // A snapshot (success) leaves no checkpoint behind, nor its directory.
+    // A snapshot (success) keeps its checkpoint as the next one's base
+    // (its digest is derived from it), and only that one: the next
+    // snapshot's replaces it.
     let (repo, _) = memory_repo();
-    let m = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, None));
+    let first = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, None));
+    assert_eq!(first.format_metadata["digest"], "scanned");
+    let bases = entries_with(&root, "checkpoint-");
+    assert_eq!(bases.len(), 1);
+    fill(&log, &mut store, &mut model, 0..10, 2);
+    let m = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, Some(&first)));
+    assert_eq!(m.format_metadata["digest"], "derived");
+    assert_eq!(m.format_metadata["digest_keys_read"], 10);
+    let next = entries_with(&root, "checkpoint-");
+    assert_eq!(next.len(), 1);
+    assert_ne!(next, bases);
+    // The store closed, the base goes, and the staging directory with it.
+    drop(store);
     assert!(entries_with(&root, "checkpoint-").is_empty());
     assert!(!root.exists());
     assert!(entries_with(dir.path(), ".statesnap-staging").is_empty());
+    let store = RocksStore::open(&store_path, &opts()).unwrap();
+    // A failed snapshot (below) leaves the base's checkpoint only.
+    let m = rt.block_on(snapshot(&format, &store, &repo, &sk(), &log, Some(&m)));
+    assert_eq!(
+        m.format_metadata["digest"], "scanned",
+        "a reopened store has no base"
+    );
+    let base = entries_with(&root, "checkpoint-");
     // A staging root the caller chose is theirs: kept.
     let chosen = dir.path().join("chosen-staging");
     let custom = RocksFormat::new(opts()).with_staging_root(&chosen);
@@ -846,7 +868,7 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
         .block_on(commit_snapshot(&format, cut, &broken, &sk(), &log, None))
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
-    assert!(entries_with(&root, "checkpoint-").is_empty());
+    assert_eq!(entries_with(&root, "checkpoint-"), base);
     drop(store);
 
     // Restore leftovers next to the target are removed by the next restore.

@@ -34,6 +34,9 @@ pub struct RocksCut {
     /// Set once the write step compacted the checkpoint: its files are no
     /// longer the live store's.
     pub(super) compacted: Option<Compacted>,
+    /// The store's record of its writes, and this cut's place in it: what
+    /// lets the write derive the digest from the previous cut's.
+    pub(super) follow: Option<(Follow, Sealed)>,
 }
 
 /// What compacting a checkpoint did.
@@ -231,6 +234,7 @@ impl RocksFormat {
             bottom_bytes: 0,
             meta_files: std::collections::HashSet::new(),
             compacted: None,
+            follow: None,
         };
         // The metadata column family's files, listed before the checkpoint
         // and after it: its flush can start a compaction that removes the
@@ -256,6 +260,13 @@ impl RocksFormat {
         // so the checkpoint holds exactly what these describe (module docs).
         // After it, so the statistics count the memtables it flushed.
         let info = read_info(store.db(), store.path())?;
+        // The same borrow: the writes recorded so far are exactly those the
+        // checkpoint holds.
+        let sealed = store
+            .follow()
+            .lock()
+            .seal(store.db().latest_sequence_number());
+        cut.follow = Some((store.follow().clone(), sealed));
         let live = live_files(store)?;
         (cut.data_bytes, cut.bottom_bytes) = level_bytes(&live);
         meta_files.extend(meta_names(&live));

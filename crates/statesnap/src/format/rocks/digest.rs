@@ -1,5 +1,7 @@
-//! The logical digest and exact counts of a checkpoint: a read-only scan
-//! in key ranges, on blocking threads, concurrent with the uploads.
+//! The logical digest and exact counts of a checkpoint: derived from the
+//! previous cut's by looking up the keys written in between, or a
+//! read-only scan in key ranges; on blocking threads, concurrent with the
+//! uploads (module docs, "Contents: digest and counts").
 
 use super::*;
 
@@ -9,6 +11,85 @@ use super::*;
 pub(super) struct Counted {
     pub(super) digest: crate::digest::LogicalDigest,
     pub(super) logical_bytes: u64,
+    /// How: `None` scanned; `Some(n)` derived from the previous cut's by
+    /// looking up the `n` keys written since.
+    pub(super) derived_from: Option<u64>,
+}
+
+impl Counted {
+    /// `digest` in the manifest's format metadata: `scanned` or `derived`.
+    pub(super) fn how(&self) -> &'static str {
+        if self.derived_from.is_some() {
+            "derived"
+        } else {
+            "scanned"
+        }
+    }
+}
+
+/// The most keys a derivation looks up for a base of `base_keys` keys:
+/// beyond an eighth of the store, two point lookups per key cost more than
+/// reading every pair in order once. At least 16 384.
+pub(super) fn max_derived_keys(base_keys: u64) -> usize {
+    usize::try_from(base_keys / 8)
+        .unwrap_or(usize::MAX)
+        .max(16_384)
+}
+
+/// What the base and the cut hold at some of the written keys: the pairs
+/// the cut no longer has (`removed`, from the base) and those it has
+/// (`added`), with their bytes.
+#[derive(Default)]
+struct Delta {
+    removed: crate::digest::LogicalDigest,
+    added: crate::digest::LogicalDigest,
+    bytes_removed: u64,
+    bytes_added: u64,
+}
+
+/// Looks `keys` (sorted) up in the base and in the cut (both checkpoints,
+/// open read-only). Blocking. `Ok(None)` when `stop` was set first.
+fn delta(
+    base: &DB,
+    cut: &DB,
+    dir: &Path,
+    keys: &[bytes::Bytes],
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<Option<Delta>> {
+    let mut d = Delta::default();
+    for chunk in keys.chunks(1024) {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
+        for (db, added) in [(base, false), (cut, true)] {
+            let cf = data_cf(db, dir)?;
+            let values = db.batched_multi_get_cf(cf, chunk, true);
+            for (k, v) in chunk.iter().zip(values) {
+                let Some(v) = v.map_err(|e| rocks_error("look up written keys", dir, e))? else {
+                    continue;
+                };
+                let n = (k.len() + v.len()) as u64;
+                if added {
+                    d.added.add(k, &v);
+                    d.bytes_added += n;
+                } else {
+                    d.removed.add(k, &v);
+                    d.bytes_removed += n;
+                }
+            }
+        }
+    }
+    Ok(Some(d))
+}
+
+fn data_cf<'d>(db: &'d DB, dir: &Path) -> Result<&'d rocksdb::ColumnFamily> {
+    db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
+        .ok_or_else(|| {
+            Error::corrupt(format!(
+                "checkpoint has no default column family path=`{}`",
+                dir.display()
+            ))
+        })
 }
 
 /// Sets its flag when dropped: stops a scan whose write was cancelled or
@@ -66,14 +147,7 @@ pub(super) fn scan_range(
     upper: Option<Vec<u8>>,
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<Option<Counted>> {
-    let cf = db
-        .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
-        .ok_or_else(|| {
-            Error::corrupt(format!(
-                "checkpoint has no default column family path=`{}`",
-                dir.display()
-            ))
-        })?;
+    let cf = data_cf(db, dir)?;
     let mut read = rocksdb::ReadOptions::default();
     // One pass over everything: nothing worth keeping in the block cache.
     read.fill_cache(false);
@@ -101,22 +175,24 @@ pub(super) fn scan_range(
     Ok(Some(Counted {
         digest,
         logical_bytes,
+        derived_from: None,
     }))
 }
 
 impl RocksFormat {
-    /// Counts the checkpoint `dir`'s contents: opens it read-only and reads
-    /// its data in [`scan_parts`] key ranges, each on a blocking thread
-    /// (`util::blocking`: never the processing thread, never an executor
-    /// thread), their digests and byte counts summed. Each range task holds
-    /// the directory until it ends. `Ok(None)` when `stop` was set first.
-    pub(super) async fn count_checkpoint(
+    /// Counts the cut's contents: opens its checkpoint read-only, then
+    /// derives the digest from the base's if the store's record of its
+    /// writes allows ([`Written::derivation`](crate::store::written)), else
+    /// reads every pair. Returns the count and the open checkpoint (the
+    /// next base, once the snapshot is written). `Ok(None)` when `stop`
+    /// was set first.
+    pub(super) async fn count_cut(
         &self,
-        dir: Arc<CheckpointDir>,
+        cut: &RocksCut,
         stop: Arc<std::sync::atomic::AtomicBool>,
-    ) -> Result<Option<Counted>> {
+    ) -> Result<Option<(Counted, Arc<DB>)>> {
         let (opts, cfs) = self.cf_descriptors();
-        let d = Arc::clone(&dir);
+        let d = Arc::clone(&cut.dir);
         let (db, splits) = blocking(move || {
             let db = DB::open_cf_descriptors_read_only(&opts, &d.0, cfs, false)
                 .map_err(|e| rocks_error("open checkpoint read-only", &d.0, e))?;
@@ -127,64 +203,151 @@ impl RocksFormat {
             Ok((Arc::new(db), splits))
         })
         .await?;
-        let mut bounds: Vec<Option<Vec<u8>>> = vec![None];
-        bounds.extend(splits.into_iter().map(Some));
-        let n = bounds.len();
-        // The last range takes `db` itself: only the tasks hold it, so it
-        // is closed on a blocking thread.
-        let mut db = Some(db);
-        let mut tasks = Vec::with_capacity(n);
-        for i in 0..n {
-            let lower = bounds[i].clone();
-            let upper = bounds.get(i + 1).cloned().flatten();
-            let db = if i + 1 == n {
-                db.take()
-            } else {
-                db.as_ref().map(Arc::clone)
-            };
-            let (dir, stop, stop_others) = (Arc::clone(&dir), Arc::clone(&stop), Arc::clone(&stop));
-            let scan = blocking(move || {
-                let r = match &db {
-                    Some(db) => scan_range(db, &dir.0, lower.as_deref(), upper, &stop),
-                    None => Ok(None),
-                };
-                // The database before its directory.
-                drop(db);
-                drop(dir);
-                r
-            });
-            tasks.push(async move {
-                let r = scan.await;
-                if r.is_err() {
-                    // A failed range stops the others.
-                    stop_others.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                r
-            });
-        }
-        let mut total = Counted {
-            digest: crate::digest::LogicalDigest::new(),
-            logical_bytes: 0,
+        let derivation = cut
+            .follow
+            .as_ref()
+            .and_then(|(f, sealed)| f.lock().derivation(*sealed, max_derived_keys));
+        let counted = match derivation {
+            Some(d) => derive(d, Arc::clone(&db), Arc::clone(&cut.dir), stop).await,
+            None => scan(Arc::clone(&db), splits, Arc::clone(&cut.dir), stop).await,
         };
-        let (mut stopped, mut failed) = (false, None);
-        // Every task is awaited, also after a failure (which stops the
-        // others), so none holds the directory when this returns.
-        for part in futures::future::join_all(tasks).await {
-            match part {
-                Ok(Some(c)) => {
-                    total.digest.merge(&c.digest);
-                    total.logical_bytes += c.logical_bytes;
-                }
-                Ok(None) => stopped = true,
-                Err(e) => {
-                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                    failed.get_or_insert(e);
-                }
+        match counted {
+            Ok(Some(c)) => Ok(Some((c, db))),
+            other => {
+                // Closed on a blocking thread (it may flush nothing, but
+                // closing a database is file I/O).
+                blocking(move || {
+                    drop(db);
+                    Ok(())
+                })
+                .await?;
+                other.map(|_| None)
             }
         }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok((!stopped).then_some(total)),
+    }
+}
+
+/// The cut's digest from the base's: minus the base's pairs at the keys
+/// written in between, plus the cut's, looked up in [`scan_parts`] parts on
+/// blocking threads.
+async fn derive(
+    d: Derivation,
+    cut: Arc<DB>,
+    dir: Arc<CheckpointDir>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<Option<Counted>> {
+    let keys = Arc::new(d.keys);
+    let n = keys.len();
+    let per = n.div_ceil(scan_parts()).max(1);
+    let mut tasks = Vec::new();
+    for start in (0..n).step_by(per) {
+        let (keys, base, cut, dir, stop) = (
+            Arc::clone(&keys),
+            Arc::clone(&d.base_db),
+            Arc::clone(&cut),
+            Arc::clone(&dir),
+            Arc::clone(&stop),
+        );
+        tasks.push(blocking(move || {
+            let r = delta(
+                &base,
+                &cut,
+                &dir.0,
+                &keys[start..(start + per).min(n)],
+                &stop,
+            );
+            if r.is_err() {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            r
+        }));
+    }
+    let mut digest = d.base_digest;
+    let mut logical_bytes = d.base_bytes;
+    let mut stopped = false;
+    for part in futures::future::join_all(tasks).await {
+        match part? {
+            Some(delta) => {
+                digest.subtract(&delta.removed);
+                digest.merge(&delta.added);
+                logical_bytes = (logical_bytes + delta.bytes_added)
+                    .checked_sub(delta.bytes_removed)
+                    .ok_or_else(|| {
+                        Error::internal(
+                            "a derived byte count went below zero: the previous snapshot's count was wrong",
+                        )
+                    })?;
+            }
+            None => stopped = true,
         }
+    }
+    // The base's handle is released here, on this thread, only if it was
+    // replaced meanwhile and this was its last user: rare, and a read-only
+    // close.
+    let Derivation { base_db, .. } = d;
+    drop(base_db);
+    Ok((!stopped).then_some(Counted {
+        digest,
+        logical_bytes,
+        derived_from: Some(n as u64),
+    }))
+}
+
+/// Reads every live pair of the cut in key ranges split at `splits`, each
+/// on a blocking thread, their digests and byte counts summed. Each range
+/// task holds the directory until it ends.
+async fn scan(
+    db: Arc<DB>,
+    splits: Vec<Vec<u8>>,
+    dir: Arc<CheckpointDir>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<Option<Counted>> {
+    let mut bounds: Vec<Option<Vec<u8>>> = vec![None];
+    bounds.extend(splits.into_iter().map(Some));
+    let n = bounds.len();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let lower = bounds[i].clone();
+        let upper = bounds.get(i + 1).cloned().flatten();
+        let (db, dir, stop, stop_others) = (
+            Arc::clone(&db),
+            Arc::clone(&dir),
+            Arc::clone(&stop),
+            Arc::clone(&stop),
+        );
+        let scan = blocking(move || scan_range(&db, &dir.0, lower.as_deref(), upper, &stop));
+        tasks.push(async move {
+            let r = scan.await;
+            if r.is_err() {
+                // A failed range stops the others.
+                stop_others.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            r
+        });
+    }
+    let mut total = Counted {
+        digest: crate::digest::LogicalDigest::new(),
+        logical_bytes: 0,
+        derived_from: None,
+    };
+    let (mut stopped, mut failed) = (false, None);
+    // Every task is awaited, also after a failure (which stops the
+    // others), so none holds the directory when this returns.
+    for part in futures::future::join_all(tasks).await {
+        match part {
+            Ok(Some(c)) => {
+                total.digest.merge(&c.digest);
+                total.logical_bytes += c.logical_bytes;
+            }
+            Ok(None) => stopped = true,
+            Err(e) => {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok((!stopped).then_some(total)),
     }
 }

@@ -124,16 +124,15 @@ impl RocksFormat {
     ) -> Result<FormatOutput> {
         let amplification = cut.space_amplification();
         self.compact_if_amplified(&mut cut).await?;
-        // The contents' digest and exact counts: a scan of the checkpoint
-        // (after any compaction: same contents, and it needs the directory
-        // to itself), on a blocking thread while the files upload. It holds
-        // the directory until it ends, and stops early when this write
-        // fails or is dropped.
+        // The contents' digest and exact counts: derived from the previous
+        // cut's, or a scan of the checkpoint (after any compaction: same
+        // contents, and it needs the directory to itself), on blocking
+        // threads while the files upload. It holds the directory until it
+        // ends, and stops early when this write fails or is dropped.
         let stop = StopOnDrop(Arc::new(std::sync::atomic::AtomicBool::new(false)));
         let scanned = async {
             if ctx.logical_digest {
-                self.count_checkpoint(Arc::clone(&cut.dir), Arc::clone(&stop.0))
-                    .await
+                self.count_cut(&cut, Arc::clone(&stop.0)).await
             } else {
                 Ok(None)
             }
@@ -166,13 +165,37 @@ impl RocksFormat {
         // checkpoint is gone once this write returns.
         let (results, counted) = futures::join!(uploads, scanned);
         let results: Vec<(String, Done)> = results?;
-        let counted = counted?;
+        let (counted, counted_db) = match counted? {
+            Some((c, db)) => (Some(c), Some(db)),
+            None => (None, None),
+        };
         if ctx.logical_digest && counted.is_none() {
             return Err(Error::internal(
                 "the checkpoint scan stopped before the write ended",
             ));
         }
         let (writer, hashes, sst_files) = record_files(repo, sk, results).await?;
+        // Its contents known exactly, the checkpoint is the next cut's
+        // base: kept (open read-only) until a newer one replaces it or the
+        // store closes. What it displaces is closed on a blocking thread.
+        if let (Some(c), Some(db), Some((follow, sealed))) = (&counted, counted_db, &cut.follow) {
+            let base = Base {
+                cut: sealed.cut,
+                generation: sealed.generation,
+                digest: c.digest,
+                logical_bytes: c.logical_bytes,
+                db,
+                _hold: Arc::clone(&cut.dir) as Arc<dyn std::any::Any + Send + Sync>,
+            };
+            let displaced = follow.lock().set_base(base);
+            if let Some(old) = displaced {
+                blocking(move || {
+                    drop(old);
+                    Ok(())
+                })
+                .await?;
+            }
+        }
         if cut.compacted.is_none() {
             // Remember this incarnation's hashes for the next snapshot; forget
             // its files that are gone (compacted away). A compacted
@@ -192,6 +215,12 @@ impl RocksFormat {
             "sst_files": sst_files,
             "space_amplification": round3(amplification),
         });
+        if let Some(c) = &counted {
+            format_metadata["digest"] = c.how().into();
+            if let Some(n) = c.derived_from {
+                format_metadata["digest_keys_read"] = n.into();
+            }
+        }
         if let Some(c) = cut.compacted {
             format_metadata["compacted"] = serde_json::json!({
                 "sst_bytes_before": c.sst_bytes_before,
