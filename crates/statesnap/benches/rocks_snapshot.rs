@@ -73,13 +73,13 @@ fn main() {
             "(info)",
         ),
         (
-            "incremental snapshot time, SSTs hard-linked".into(),
+            "incremental snapshot time, SSTs hard-linked, no digest".into(),
             c.incremental_linked_secs,
             "s",
             "(info)",
         ),
         (
-            "incremental, SSTs hard-linked, the log unsynced".into(),
+            "incremental, SSTs hard-linked, no digest, the log unsynced".into(),
             c.incremental_linked_unsynced_secs,
             "s",
             "(info)",

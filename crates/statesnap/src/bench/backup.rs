@@ -155,6 +155,38 @@ async fn snap(
     Ok((m, started.elapsed()))
 }
 
+/// [`snap`] without the digest: for the hard-linked side, which measures
+/// the transfer. Its cut counts nothing, so it never becomes the base the
+/// next digest is derived from: the snapshot with the digest pays for
+/// every round's changes whichever side goes first (a digest derived from
+/// the other side's cut of the same store would look up nothing).
+async fn snap_without_digest(
+    format: &RocksFormat,
+    store: &RocksStore,
+    repo: &Repository,
+    name: &str,
+    log: &FileChangelog,
+    parent: Option<&Manifest>,
+) -> Result<(Manifest, Duration)> {
+    let started = std::time::Instant::now();
+    let cut = format.capture(store)?;
+    let options = crate::snapshot::SnapshotOptions {
+        logical_digest: Some(false),
+        ..crate::snapshot::SnapshotOptions::default()
+    };
+    let m = crate::snapshot::commit_snapshot_with(
+        format,
+        cut,
+        repo,
+        &store_key(name)?,
+        log,
+        parent,
+        &options,
+    )
+    .await?;
+    Ok((m, started.elapsed()))
+}
+
 fn fsync_tree(dir: &Path) -> Result<()> {
     for e in std::fs::read_dir(dir).map_err(io("read cp target"))? {
         let e = e.map_err(io("read cp target"))?;
@@ -390,7 +422,7 @@ impl Sides {
                         d
                     }
                     _ => {
-                        let (m, d) = snap(
+                        let (m, d) = snap_without_digest(
                             &self.linked_format,
                             store,
                             &self.linked,

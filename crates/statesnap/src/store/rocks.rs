@@ -530,14 +530,15 @@ impl StateStore for RocksStore {
         // The offset rides in the same WriteBatch as the data: RocksDB applies
         // (and recovers) a batch all-or-nothing, so they cannot disagree.
         wb.put_cf(meta, APPLIED_OFFSET_KEY, applied_offset.to_le_bytes());
-        // Recorded before the write: a key recorded but not written only
-        // costs a lookup; one written but not recorded would be missed.
+        // Recorded before the write (a failed write loses the record: what
+        // it left is unknown), so no written key goes unrecorded.
         let mut follow = self.follow.lock();
         follow.before_write(self.db.latest_sequence_number());
-        follow.record(batch.iter().map(|r| r.key.as_ref()));
-        self.db
-            .write_opt(wb, &self.write_opts)
-            .map_err(|e| rocks_error("write", &self.path, e))?;
+        follow.record(batch.iter().map(|r| (r.key.as_ref(), r.value.as_deref())));
+        if let Err(e) = self.db.write_opt(wb, &self.write_opts) {
+            follow.failed();
+            return Err(rocks_error("write", &self.path, e));
+        }
         follow.wrote(self.db.latest_sequence_number());
         drop(follow);
         self.applied_offset = Some(applied_offset);

@@ -832,8 +832,13 @@ fn staging_leftovers_are_cleaned_up_and_cuts_remove_their_checkpoint() {
     let next = entries_with(&root, "checkpoint-");
     assert_eq!(next.len(), 1);
     assert_ne!(next, bases);
-    // The store closed, the base goes, and the staging directory with it.
+    // The store closed, the base goes, and the staging directory with it
+    // (once the base's open in the background, if still running, ends).
     drop(store);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while root.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(entries_with(&root, "checkpoint-").is_empty());
     assert!(!root.exists());
     assert!(entries_with(dir.path(), ".statesnap-staging").is_empty());

@@ -36,9 +36,8 @@ pub(super) fn max_derived_keys(base_keys: u64) -> usize {
         .max(16_384)
 }
 
-/// What the base and the cut hold at some of the written keys: the pairs
-/// the cut no longer has (`removed`, from the base) and those it has
-/// (`added`), with their bytes.
+/// At some of the written keys: the base's pairs (`removed`: the cut no
+/// longer has them) and the last values written (`added`), with their bytes.
 #[derive(Default)]
 struct Delta {
     removed: crate::digest::LogicalDigest,
@@ -47,39 +46,41 @@ struct Delta {
     bytes_added: u64,
 }
 
-/// Looks `keys` (sorted) up in the base and in the cut (both checkpoints,
-/// open read-only). Blocking. `Ok(None)` when `stop` was set first.
+/// Looks the written keys (sorted) up in the base's checkpoint (open
+/// read-only); their new pairs are the values written. Blocking.
+/// `Ok(None)` when `stop` was set first.
 fn delta(
     base: &DB,
-    cut: &DB,
     dir: &Path,
-    keys: &[bytes::Bytes],
+    changes: &[(bytes::Bytes, Option<bytes::Bytes>)],
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<Option<Delta>> {
     let mut d = Delta::default();
-    for chunk in keys.chunks(1024) {
+    let cf = data_cf(base, dir)?;
+    for chunk in changes.chunks(1024) {
         if stop.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
-        for (db, added) in [(base, false), (cut, true)] {
-            let cf = data_cf(db, dir)?;
-            let values = db.batched_multi_get_cf(cf, chunk, true);
-            for (k, v) in chunk.iter().zip(values) {
-                let Some(v) = v.map_err(|e| rocks_error("look up written keys", dir, e))? else {
-                    continue;
-                };
-                let n = (k.len() + v.len()) as u64;
-                if added {
-                    d.added.add(k, &v);
-                    d.bytes_added += n;
-                } else {
-                    d.removed.add(k, &v);
-                    d.bytes_removed += n;
-                }
+        let old = base.batched_multi_get_cf(cf, chunk.iter().map(|(k, _)| k), true);
+        for ((k, new), old) in chunk.iter().zip(old) {
+            if let Some(v) = old.map_err(|e| rocks_error("look up written keys", dir, e))? {
+                d.removed.add(k, &v);
+                d.bytes_removed += (k.len() + v.len()) as u64;
+            }
+            if let Some(v) = new {
+                d.added.add(k, v);
+                d.bytes_added += (k.len() + v.len()) as u64;
             }
         }
     }
     Ok(Some(d))
+}
+
+/// Opens a checkpoint read-only with `format`'s options. Blocking.
+pub(super) fn open_read_only(format: &RocksFormat, dir: &Path) -> Result<DB> {
+    let (opts, cfs) = format.cf_descriptors();
+    DB::open_cf_descriptors_read_only(&opts, dir, cfs, false)
+        .map_err(|e| rocks_error("open checkpoint read-only", dir, e))
 }
 
 fn data_cf<'d>(db: &'d DB, dir: &Path) -> Result<&'d rocksdb::ColumnFamily> {
@@ -180,22 +181,38 @@ pub(super) fn scan_range(
 }
 
 impl RocksFormat {
-    /// Counts the cut's contents: opens its checkpoint read-only, then
-    /// derives the digest from the base's if the store's record of its
-    /// writes allows ([`Written::derivation`](crate::store::written)), else
-    /// reads every pair. Returns the count and the open checkpoint (the
-    /// next base, once the snapshot is written). `Ok(None)` when `stop`
-    /// was set first.
+    /// Counts the cut's contents: derives the digest from the base's if
+    /// the store's record of its writes allows
+    /// ([`Written::derivation`](crate::store::written)) — the cut's
+    /// checkpoint is then not even opened — else opens the checkpoint
+    /// read-only and reads every pair. Returns the count, and the
+    /// checkpoint's handle if it was opened. `Ok(None)` when `stop` was set
+    /// first.
     pub(super) async fn count_cut(
         &self,
         cut: &RocksCut,
         stop: Arc<std::sync::atomic::AtomicBool>,
-    ) -> Result<Option<(Counted, Arc<DB>)>> {
-        let (opts, cfs) = self.cf_descriptors();
+    ) -> Result<Option<(Counted, Option<Arc<DB>>)>> {
+        let derivation = cut
+            .follow
+            .as_ref()
+            .and_then(|(f, sealed)| f.lock().derivation(*sealed, max_derived_keys));
+        if let (Some(d), Some((follow, _))) = (derivation, &cut.follow) {
+            match self.derive(d, follow.clone(), Arc::clone(&stop)).await {
+                Ok(counted) => return Ok(counted.map(|c| (c, None))),
+                // The base's checkpoint could not be read (removed by hand,
+                // a disk error): this cut is scanned, and following starts
+                // again from it.
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot derive the digest from the previous snapshot's checkpoint; reading every pair instead");
+                    follow.lock().lose();
+                }
+            }
+        }
+        let format = self.clone();
         let d = Arc::clone(&cut.dir);
         let (db, splits) = blocking(move || {
-            let db = DB::open_cf_descriptors_read_only(&opts, &d.0, cfs, false)
-                .map_err(|e| rocks_error("open checkpoint read-only", &d.0, e))?;
+            let db = open_read_only(&format, &d.0)?;
             let live = db
                 .live_files()
                 .map_err(|e| rocks_error("list checkpoint files", &d.0, e))?;
@@ -203,19 +220,10 @@ impl RocksFormat {
             Ok((Arc::new(db), splits))
         })
         .await?;
-        let derivation = cut
-            .follow
-            .as_ref()
-            .and_then(|(f, sealed)| f.lock().derivation(*sealed, max_derived_keys));
-        let counted = match derivation {
-            Some(d) => derive(d, Arc::clone(&db), Arc::clone(&cut.dir), stop).await,
-            None => scan(Arc::clone(&db), splits, Arc::clone(&cut.dir), stop).await,
-        };
-        match counted {
-            Ok(Some(c)) => Ok(Some((c, db))),
+        match scan(Arc::clone(&db), splits, Arc::clone(&cut.dir), stop).await {
+            Ok(Some(c)) => Ok(Some((c, Some(db)))),
             other => {
-                // Closed on a blocking thread (it may flush nothing, but
-                // closing a database is file I/O).
+                // Closing a database is file I/O: on a blocking thread.
                 blocking(move || {
                     drop(db);
                     Ok(())
@@ -225,72 +233,84 @@ impl RocksFormat {
             }
         }
     }
-}
 
-/// The cut's digest from the base's: minus the base's pairs at the keys
-/// written in between, plus the cut's, looked up in [`scan_parts`] parts on
-/// blocking threads.
-async fn derive(
-    d: Derivation,
-    cut: Arc<DB>,
-    dir: Arc<CheckpointDir>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) -> Result<Option<Counted>> {
-    let keys = Arc::new(d.keys);
-    let n = keys.len();
-    let per = n.div_ceil(scan_parts()).max(1);
-    let mut tasks = Vec::new();
-    for start in (0..n).step_by(per) {
-        let (keys, base, cut, dir, stop) = (
-            Arc::clone(&keys),
-            Arc::clone(&d.base_db),
-            Arc::clone(&cut),
-            Arc::clone(&dir),
-            Arc::clone(&stop),
-        );
-        tasks.push(blocking(move || {
-            let r = delta(
-                &base,
-                &cut,
-                &dir.0,
-                &keys[start..(start + per).min(n)],
-                &stop,
+    /// The cut's digest from the base's: minus the base's pairs at the
+    /// keys written in between, plus the values written, the base looked
+    /// up in [`scan_parts`] parts on blocking threads (opened first if the
+    /// background open after its snapshot has not yet).
+    async fn derive(
+        &self,
+        d: Derivation,
+        follow: Follow,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<Option<Counted>> {
+        let base = match d.base_db.clone() {
+            Some(db) => db,
+            None => {
+                let (format, path, hold) =
+                    (self.clone(), d.base_path.clone(), Arc::clone(&d.base_hold));
+                let db = blocking(move || {
+                    let db = open_read_only(&format, &path);
+                    drop(hold);
+                    db
+                })
+                .await?;
+                let db = Arc::new(db);
+                // Kept as the base's handle unless the background open was
+                // first (then this one closes here, after the lock).
+                let unused = follow.lock().base_opened(d.base_cut, Arc::clone(&db));
+                drop(unused);
+                db
+            }
+        };
+        let changes = Arc::new(d.changes);
+        let n = changes.len();
+        let per = n.div_ceil(scan_parts()).max(1);
+        let mut tasks = Vec::new();
+        for start in (0..n).step_by(per) {
+            let (changes, base, path, hold, stop) = (
+                Arc::clone(&changes),
+                Arc::clone(&base),
+                d.base_path.clone(),
+                Arc::clone(&d.base_hold),
+                Arc::clone(&stop),
             );
-            if r.is_err() {
-                stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            r
-        }));
-    }
-    let mut digest = d.base_digest;
-    let mut logical_bytes = d.base_bytes;
-    let mut stopped = false;
-    for part in futures::future::join_all(tasks).await {
-        match part? {
-            Some(delta) => {
-                digest.subtract(&delta.removed);
-                digest.merge(&delta.added);
-                logical_bytes = (logical_bytes + delta.bytes_added)
-                    .checked_sub(delta.bytes_removed)
-                    .ok_or_else(|| {
-                        Error::internal(
-                            "a derived byte count went below zero: the previous snapshot's count was wrong",
-                        )
-                    })?;
-            }
-            None => stopped = true,
+            tasks.push(blocking(move || {
+                let r = delta(&base, &path, &changes[start..(start + per).min(n)], &stop);
+                if r.is_err() {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                // The handle before the directory it reads.
+                drop(base);
+                drop(hold);
+                r
+            }));
         }
+        let mut digest = d.base_digest;
+        let mut logical_bytes = d.base_bytes;
+        let mut stopped = false;
+        for part in futures::future::join_all(tasks).await {
+            match part? {
+                Some(delta) => {
+                    digest.subtract(&delta.removed);
+                    digest.merge(&delta.added);
+                    logical_bytes = (logical_bytes + delta.bytes_added)
+                        .checked_sub(delta.bytes_removed)
+                        .ok_or_else(|| {
+                            Error::internal(
+                                "a derived byte count went below zero: the previous snapshot's count was wrong",
+                            )
+                        })?;
+                }
+                None => stopped = true,
+            }
+        }
+        Ok((!stopped).then_some(Counted {
+            digest,
+            logical_bytes,
+            derived_from: Some(n as u64),
+        }))
     }
-    // The base's handle is released here, on this thread, only if it was
-    // replaced meanwhile and this was its last user: rare, and a read-only
-    // close.
-    let Derivation { base_db, .. } = d;
-    drop(base_db);
-    Ok((!stopped).then_some(Counted {
-        digest,
-        logical_bytes,
-        derived_from: Some(n as u64),
-    }))
 }
 
 /// Reads every live pair of the cut in key ranges split at `splits`, each

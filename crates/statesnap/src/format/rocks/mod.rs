@@ -70,18 +70,23 @@
 //! which (`digest`: `scanned` or `derived`, with `digest_keys_read`):
 //!
 //! * **derived** — the contents of a cut are those of the previous counted
-//!   cut (the *base*) with exactly the keys written in between replaced. A
-//!   store records the keys of every batch it applies, per interval between
-//!   cuts (`store::written`), and keeps the base's checkpoint open
-//!   read-only after its snapshot. The digest is the base's, minus the
-//!   base's pairs at those keys, plus the cut's: two batched point lookups
-//!   per written key, sorted, never a scan. Compactions (of the live store
-//!   or of the checkpoint) change files, not contents, so they do not
-//!   matter. What it costs: the keys written since the last snapshot in
-//!   memory (at most 64 MiB, [`crate::store::written`]'s `MAX_HELD_BYTES`),
-//!   and the base checkpoint's hard links on disk, which keep the files of
-//!   one past version of the store alive until the next snapshot replaces
-//!   it (at most one store's size; removed when the store closes);
+//!   cut (the *base*) with exactly the keys written in between replaced by
+//!   the last value written to each (or gone, if that was a delete). A
+//!   store records every batch it applies — each key's last value — per
+//!   interval between cuts (`store::written`), and keeps the base's
+//!   checkpoint after its snapshot (opened read-only in the background).
+//!   The digest is the base's, minus the base's pairs at those keys
+//!   (batched point lookups, sorted), plus the pairs written: the cut's own
+//!   checkpoint is not even opened, and nothing is scanned. Compactions (of
+//!   the live store or of the checkpoint) change files, not contents, so
+//!   they do not matter. What it costs: the keys and values written since
+//!   the last snapshot in memory (at most 16 MiB per store,
+//!   `store::written::MAX_HELD_BYTES`), and the base checkpoint's hard links
+//!   on disk, which keep the files of one past version of the store alive
+//!   until the next snapshot replaces it (at most one store's size;
+//!   removed when the store closes, or as soon as its background open
+//!   ends if that is still running). If the base cannot be read, the cut
+//!   is scanned;
 //! * **scanned** — every live pair read, in key ranges split at the SST
 //!   files' first keys, one blocking thread each, as many as the machine
 //!   has cores (at most 4), the ranges' digests summed. Used when no base

@@ -166,7 +166,7 @@ impl RocksFormat {
         let (results, counted) = futures::join!(uploads, scanned);
         let results: Vec<(String, Done)> = results?;
         let (counted, counted_db) = match counted? {
-            Some((c, db)) => (Some(c), Some(db)),
+            Some((c, db)) => (Some(c), db),
             None => (None, None),
         };
         if ctx.logical_digest && counted.is_none() {
@@ -176,15 +176,19 @@ impl RocksFormat {
         }
         let (writer, hashes, sst_files) = record_files(repo, sk, results).await?;
         // Its contents known exactly, the checkpoint is the next cut's
-        // base: kept (open read-only) until a newer one replaces it or the
-        // store closes. What it displaces is closed on a blocking thread.
-        if let (Some(c), Some(db), Some((follow, sealed))) = (&counted, counted_db, &cut.follow) {
+        // base: kept until a newer one replaces it or the store closes.
+        // What it displaces is closed on a blocking thread. A derived cut
+        // was never opened: it is opened in the background, off this
+        // snapshot's path, for the next derivation to find it open.
+        if let (Some(c), Some((follow, sealed))) = (&counted, &cut.follow) {
+            let opened = counted_db.is_some();
             let base = Base {
                 cut: sealed.cut,
                 generation: sealed.generation,
                 digest: c.digest,
                 logical_bytes: c.logical_bytes,
-                db,
+                db: counted_db,
+                path: cut.dir().to_path_buf(),
                 _hold: Arc::clone(&cut.dir) as Arc<dyn std::any::Any + Send + Sync>,
             };
             let displaced = follow.lock().set_base(base);
@@ -194,6 +198,9 @@ impl RocksFormat {
                     Ok(())
                 })
                 .await?;
+            }
+            if !opened {
+                self.open_base_in_background(follow.clone(), sealed.cut, Arc::clone(&cut.dir));
             }
         }
         if cut.compacted.is_none() {
@@ -237,6 +244,36 @@ impl RocksFormat {
             required_features: Vec::new(),
             logical_digest: counted.map(|c| c.digest),
         })
+    }
+
+    /// Opens the base checkpoint `dir` of cut `cut` read-only on a blocking
+    /// thread, not awaited, and hands it to `follow` (which drops it if
+    /// that is no longer the base, or a derivation opened it first). A
+    /// failure only means the next derivation opens it itself.
+    fn open_base_in_background(&self, follow: Follow, cut: u64, dir: Arc<CheckpointDir>) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let format = self.clone();
+        // Weak: a store closed meanwhile is not kept alive by this.
+        let follow = follow.downgrade();
+        drop(handle.spawn_blocking(move || {
+            let Some(follow) = Follow::upgrade(&follow) else {
+                return;
+            };
+            match open_read_only(&format, &dir.0) {
+                Ok(db) => {
+                    // Closed (if not kept) after the lock is released.
+                    let unused = follow.lock().base_opened(cut, Arc::new(db));
+                    drop(unused);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot open the base checkpoint in the background")
+                }
+            }
+            // The handle (if it was not kept) before the directory.
+            drop(dir);
+        }));
     }
 
     /// What becomes of each checkpoint file: inline, reused from the
