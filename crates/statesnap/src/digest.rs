@@ -33,14 +33,7 @@ impl LogicalDigest {
 
     /// Adds one live pair.
     pub fn add(&mut self, key: &[u8], value: &[u8]) {
-        let c = contribution(key, value);
-        let mut carry = false;
-        for (limb, word) in self.sum.iter_mut().zip(c) {
-            let (s1, c1) = limb.overflowing_add(word);
-            let (s2, c2) = s1.overflowing_add(u64::from(carry));
-            *limb = s2;
-            carry = c1 || c2;
-        }
+        add_limbs(&mut self.sum, contribution(key, value));
         self.keys = self.keys.wrapping_add(1);
     }
 
@@ -49,14 +42,7 @@ impl LogicalDigest {
     /// through its changes (remove the old pair, add the new one) instead
     /// of rescanning it.
     pub fn remove(&mut self, key: &[u8], value: &[u8]) {
-        let c = contribution(key, value);
-        let mut borrow = false;
-        for (limb, word) in self.sum.iter_mut().zip(c) {
-            let (s1, b1) = limb.overflowing_sub(word);
-            let (s2, b2) = s1.overflowing_sub(u64::from(borrow));
-            *limb = s2;
-            borrow = b1 || b2;
-        }
+        sub_limbs(&mut self.sum, contribution(key, value));
         self.keys = self.keys.wrapping_sub(1);
     }
 
@@ -64,13 +50,7 @@ impl LogicalDigest {
     /// disjoint sets of pairs is the sum of theirs (so parts of a store
     /// can be digested apart, in parallel).
     pub fn merge(&mut self, other: &LogicalDigest) {
-        let mut carry = false;
-        for (limb, word) in self.sum.iter_mut().zip(other.sum) {
-            let (s1, c1) = limb.overflowing_add(word);
-            let (s2, c2) = s1.overflowing_add(u64::from(carry));
-            *limb = s2;
-            carry = c1 || c2;
-        }
+        add_limbs(&mut self.sum, other.sum);
         self.keys = self.keys.wrapping_add(other.keys);
     }
 
@@ -79,13 +59,7 @@ impl LogicalDigest {
     /// follows a store's changes subtracts the old pairs of the keys that
     /// were written and merges their new ones.
     pub fn subtract(&mut self, other: &LogicalDigest) {
-        let mut borrow = false;
-        for (limb, word) in self.sum.iter_mut().zip(other.sum) {
-            let (s1, b1) = limb.overflowing_sub(word);
-            let (s2, b2) = s1.overflowing_sub(u64::from(borrow));
-            *limb = s2;
-            borrow = b1 || b2;
-        }
+        sub_limbs(&mut self.sum, other.sum);
         self.keys = self.keys.wrapping_sub(other.keys);
     }
 
@@ -109,6 +83,28 @@ impl LogicalDigest {
             s.push_str(&format!("{limb:016x}"));
         }
         s
+    }
+}
+
+/// `sum += words`, modulo 2²⁵⁶ (limbs least significant first).
+fn add_limbs(sum: &mut [u64; 4], words: [u64; 4]) {
+    let mut carry = false;
+    for (limb, word) in sum.iter_mut().zip(words) {
+        let (s1, c1) = limb.overflowing_add(word);
+        let (s2, c2) = s1.overflowing_add(u64::from(carry));
+        *limb = s2;
+        carry = c1 || c2;
+    }
+}
+
+/// `sum -= words`, modulo 2²⁵⁶ (limbs least significant first).
+fn sub_limbs(sum: &mut [u64; 4], words: [u64; 4]) {
+    let mut borrow = false;
+    for (limb, word) in sum.iter_mut().zip(words) {
+        let (s1, b1) = limb.overflowing_sub(word);
+        let (s2, b2) = s1.overflowing_sub(u64::from(borrow));
+        *limb = s2;
+        borrow = b1 || b2;
     }
 }
 

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::format::rocks::RocksFormat;
 use crate::format::{RestoreContext, StoreFormat};
 use crate::repo::{Manifest, Repository};
-use crate::snapshot::commit_snapshot;
+use crate::snapshot::{SnapshotOptions, commit_snapshot_with};
 use crate::store::rocks::{RocksOptions, RocksStore};
 use crate::store::{StateStore, ensure_follows};
 
@@ -149,10 +149,16 @@ async fn snap(
     log: &FileChangelog,
     parent: Option<&Manifest>,
 ) -> Result<(Manifest, Duration)> {
-    let started = std::time::Instant::now();
-    let cut = format.capture(store)?;
-    let m = commit_snapshot(format, cut, repo, &store_key(name)?, log, parent).await?;
-    Ok((m, started.elapsed()))
+    snap_with(
+        format,
+        store,
+        repo,
+        name,
+        log,
+        parent,
+        &SnapshotOptions::default(),
+    )
+    .await
 }
 
 /// [`snap`] without the digest: for the hard-linked side, which measures
@@ -168,22 +174,26 @@ async fn snap_without_digest(
     log: &FileChangelog,
     parent: Option<&Manifest>,
 ) -> Result<(Manifest, Duration)> {
+    let options = SnapshotOptions {
+        logical_digest: Some(false),
+        ..SnapshotOptions::default()
+    };
+    snap_with(format, store, repo, name, log, parent, &options).await
+}
+
+async fn snap_with(
+    format: &RocksFormat,
+    store: &RocksStore,
+    repo: &Repository,
+    name: &str,
+    log: &FileChangelog,
+    parent: Option<&Manifest>,
+    options: &SnapshotOptions,
+) -> Result<(Manifest, Duration)> {
     let started = std::time::Instant::now();
     let cut = format.capture(store)?;
-    let options = crate::snapshot::SnapshotOptions {
-        logical_digest: Some(false),
-        ..crate::snapshot::SnapshotOptions::default()
-    };
-    let m = crate::snapshot::commit_snapshot_with(
-        format,
-        cut,
-        repo,
-        &store_key(name)?,
-        log,
-        parent,
-        &options,
-    )
-    .await?;
+    let m =
+        commit_snapshot_with(format, cut, repo, &store_key(name)?, log, parent, options).await?;
     Ok((m, started.elapsed()))
 }
 
