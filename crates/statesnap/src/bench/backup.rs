@@ -161,26 +161,7 @@ async fn snap(
     .await
 }
 
-/// [`snap`] without the digest: for the hard-linked side, which measures
-/// the transfer. Its cut counts nothing, so it never becomes the base the
-/// next digest is derived from: the snapshot with the digest pays for
-/// every round's changes whichever side goes first (a digest derived from
-/// the other side's cut of the same store would look up nothing).
-async fn snap_without_digest(
-    format: &RocksFormat,
-    store: &RocksStore,
-    repo: &Repository,
-    name: &str,
-    log: &FileChangelog,
-    parent: Option<&Manifest>,
-) -> Result<(Manifest, Duration)> {
-    let options = SnapshotOptions {
-        logical_digest: Some(false),
-        ..SnapshotOptions::default()
-    };
-    snap_with(format, store, repo, name, log, parent, &options).await
-}
-
+/// [`snap`] with `options`.
 async fn snap_with(
     format: &RocksFormat,
     store: &RocksStore,
@@ -432,13 +413,24 @@ impl Sides {
                         d
                     }
                     _ => {
-                        let (m, d) = snap_without_digest(
+                        // Without the digest: this side measures the
+                        // transfer. Its cut counts nothing, so it never
+                        // becomes the base the next digest is derived from,
+                        // and ours pays for every round's changes whichever
+                        // side goes first (derived from this side's cut of
+                        // the same store, it would look up nothing).
+                        let no_digest = SnapshotOptions {
+                            logical_digest: Some(false),
+                            ..SnapshotOptions::default()
+                        };
+                        let (m, d) = snap_with(
                             &self.linked_format,
                             store,
                             &self.linked,
                             "main",
                             &self.log,
                             Some(&inc_linked),
+                            &no_digest,
                         )
                         .await?;
                         inc_linked = m;
